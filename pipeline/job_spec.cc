@@ -1,0 +1,329 @@
+#include "pipeline/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <regex>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/reflection.h"
+
+namespace pipemare {
+namespace {
+
+namespace pb = google::protobuf;
+using FD = pb::FieldDescriptor;
+
+std::string Join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : absl::StrCat(prefix, ".", name);
+}
+
+std::string FieldNames(const pb::Descriptor* d) {
+  std::vector<std::string> names;
+  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+  return absl::StrJoin(names, ", ");
+}
+
+absl::Status Bad(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+std::string Shown(const YAML::Node& node) {
+  if (node.IsScalar()) return absl::StrCat("'", node.Scalar(), "'");
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+const char* TypeWord(const FD* f) {
+  switch (f->cpp_type()) {
+    case FD::CPPTYPE_INT32:
+    case FD::CPPTYPE_INT64:
+    case FD::CPPTYPE_UINT32:
+    case FD::CPPTYPE_UINT64:
+      return "an integer";
+    case FD::CPPTYPE_DOUBLE:
+    case FD::CPPTYPE_FLOAT:
+      return "a number";
+    case FD::CPPTYPE_BOOL:
+      return "true or false";
+    case FD::CPPTYPE_STRING:
+      return "a string";
+    case FD::CPPTYPE_MESSAGE:
+      return "a mapping";
+    default:
+      return "a value";
+  }
+}
+
+// Parses one scalar into an int64/double/bool, refusing anything else.
+bool ToInt(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  size_t pos = 0;
+  try {
+    long long v = std::stoll(s, &pos, 10);
+    if (pos != s.size()) return false;
+    *out = v;
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+bool ToDouble(const std::string& s, double* out) {
+  if (s.empty()) return false;
+  size_t pos = 0;
+  try {
+    double v = std::stod(s, &pos);
+    if (pos != s.size() || !std::isfinite(v)) return false;
+    *out = v;
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+bool ToBool(const std::string& s, bool* out) {
+  if (s == "true" || s == "True" || s == "yes") return *out = true, true;
+  if (s == "false" || s == "False" || s == "no") return *out = false, true;
+  return false;
+}
+
+absl::Status SetScalar(pb::Message& msg, const FD* f, const YAML::Node& node,
+                       const std::string& path) {
+  const pb::Reflection* r = msg.GetReflection();
+  if (!node.IsScalar()) {
+    return Bad(path, absl::StrCat("expected ", TypeWord(f), ", got ", Shown(node)));
+  }
+  const std::string& s = node.Scalar();
+  auto type_error = [&] {
+    return Bad(path, absl::StrCat("expected ", TypeWord(f), ", got '", s, "'"));
+  };
+  const bool repeated = f->is_repeated();
+  switch (f->cpp_type()) {
+    case FD::CPPTYPE_INT32:
+    case FD::CPPTYPE_INT64: {
+      int64_t v;
+      if (!ToInt(s, &v)) return type_error();
+      if (f->cpp_type() == FD::CPPTYPE_INT32) {
+        if (v < std::numeric_limits<int32_t>::min() ||
+            v > std::numeric_limits<int32_t>::max()) {
+          return Bad(path, absl::StrCat("'", s, "' is out of range"));
+        }
+        repeated ? r->AddInt32(&msg, f, v) : r->SetInt32(&msg, f, v);
+      } else {
+        repeated ? r->AddInt64(&msg, f, v) : r->SetInt64(&msg, f, v);
+      }
+      return absl::OkStatus();
+    }
+    case FD::CPPTYPE_DOUBLE: {
+      double v;
+      if (!ToDouble(s, &v)) return type_error();
+      repeated ? r->AddDouble(&msg, f, v) : r->SetDouble(&msg, f, v);
+      return absl::OkStatus();
+    }
+    case FD::CPPTYPE_BOOL: {
+      bool v;
+      if (!ToBool(s, &v)) return type_error();
+      repeated ? r->AddBool(&msg, f, v) : r->SetBool(&msg, f, v);
+      return absl::OkStatus();
+    }
+    case FD::CPPTYPE_STRING:
+      repeated ? r->AddString(&msg, f, s) : r->SetString(&msg, f, s);
+      return absl::OkStatus();
+    default:
+      return Bad(path, "field type not supported in spec files");
+  }
+}
+
+absl::Status FillMessage(pb::Message& msg, const YAML::Node& node,
+                         const std::string& path) {
+  const pb::Descriptor* d = msg.GetDescriptor();
+  if (!node.IsMap()) {
+    return Bad(path.empty() ? "spec" : path,
+               absl::StrCat("expected a mapping with fields (", FieldNames(d),
+                            "), got ", Shown(node)));
+  }
+  const pb::Reflection* r = msg.GetReflection();
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const std::string field_path = Join(path, key);
+    const FD* f = d->FindFieldByName(key);
+    if (f == nullptr) {
+      return Bad(field_path,
+                 absl::StrCat("unknown field; allowed here: ", FieldNames(d)));
+    }
+    const YAML::Node& value = kv.second;
+    if (value.IsNull()) continue;  // "field:" with nothing = unset
+    if (f->is_repeated()) {
+      if (!value.IsSequence()) {
+        return Bad(field_path,
+                   absl::StrCat("expected a list of ", TypeWord(f), "s, got ", Shown(value)));
+      }
+      r->ClearField(&msg, f);
+      for (size_t i = 0; i < value.size(); ++i) {
+        auto st = SetScalar(msg, f, value[i], absl::StrCat(field_path, "[", i, "]"));
+        if (!st.ok()) return st;
+      }
+    } else if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
+      auto st = FillMessage(*r->MutableMessage(&msg, f), value, field_path);
+      if (!st.ok()) return st;
+    } else {
+      auto st = SetScalar(msg, f, value, field_path);
+      if (!st.ok()) return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OneOf(const std::string& path, const std::string& value,
+                   const std::vector<std::string>& allowed) {
+  for (const auto& a : allowed) {
+    if (value == a) return absl::OkStatus();
+  }
+  if (value.empty()) {
+    return Bad(path, absl::StrCat("required; allowed: ", absl::StrJoin(allowed, ", ")));
+  }
+  return Bad(path, absl::StrCat("'", value, "' is not allowed; allowed: ",
+                                absl::StrJoin(allowed, ", ")));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec is not valid YAML/JSON: line ", e.mark.line + 1,
+                     ", column ", e.mark.column + 1, ": ", e.msg));
+  }
+  v1::JobSpec spec;
+  if (root.IsNull()) return absl::InvalidArgumentError("spec: the document is empty");
+  try {
+    auto st = FillMessage(spec, root, "");
+    if (!st.ok()) return st;
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: ", e.msg));
+  }
+  return spec;
+}
+
+absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot open spec file '", path, "'"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto spec = ParseJobSpec(ss.str());
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(),
+                        absl::StrCat(path, ": ", spec.status().message()));
+  }
+  return spec;
+}
+
+void ApplyJobSpecDefaults(v1::JobSpec& spec) {
+  if (spec.model().activation().empty()) spec.mutable_model()->set_activation("relu");
+  if (spec.optimizer().type().empty()) spec.mutable_optimizer()->set_type("sgd");
+  auto* s = spec.mutable_schedule();
+  if (s->microbatch_size() == 0) s->set_microbatch_size(64);
+  if (s->microbatches_per_step() == 0) s->set_microbatches_per_step(1);
+  if (!spec.train().has_shuffle()) spec.mutable_train()->set_shuffle(true);
+}
+
+int ModelUnitCount(const v1::ModelSpec& model) {
+  if (model.type() == "mlp") return std::max(0, model.layers_size() - 1);
+  return 0;
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  static const std::regex kName("[A-Za-z0-9._-]{1,64}");
+  if (spec.name().empty()) return Bad("name", "required (1..64 chars of A-Z a-z 0-9 . _ -)");
+  if (!std::regex_match(spec.name(), kName)) {
+    return Bad("name", absl::StrCat("'", spec.name(),
+                                    "' must be 1..64 chars of A-Z a-z 0-9 . _ -"));
+  }
+  // model
+  const auto& m = spec.model();
+  if (auto st = OneOf("model.type", m.type(), {"mlp"}); !st.ok()) return st;
+  if (m.layers_size() < 2) {
+    return Bad("model.layers", "needs at least two widths (input and output), e.g. [784, 256, 10]");
+  }
+  for (int i = 0; i < m.layers_size(); ++i) {
+    if (m.layers(i) < 1 || m.layers(i) > (1 << 20)) {
+      return Bad(absl::StrCat("model.layers[", i, "]"),
+                 absl::StrCat(m.layers(i), " is not a width in 1..1048576"));
+    }
+  }
+  if (auto st = OneOf("model.activation", m.activation(), {"relu", "tanh", "gelu", "sigmoid"});
+      !st.ok()) {
+    return st;
+  }
+  // data
+  const auto& d = spec.data();
+  if (auto st = OneOf("data.type", d.type(), {"mnist"}); !st.ok()) return st;
+  if (d.path().empty()) return Bad("data.path", "required: the directory with the MNIST idx files");
+  if (d.train_limit() < 0) return Bad("data.train_limit", "must be >= 0 (0 = all)");
+  if (d.test_limit() < 0) return Bad("data.test_limit", "must be >= 0 (0 = all)");
+  if (d.type() == "mnist") {
+    if (m.layers(0) != 784) {
+      return Bad("model.layers[0]", absl::StrCat("is ", m.layers(0),
+                                                 " but MNIST images have 784 pixels; use 784"));
+    }
+    if (m.layers(m.layers_size() - 1) != 10) {
+      return Bad(absl::StrCat("model.layers[", m.layers_size() - 1, "]"),
+                 absl::StrCat("is ", m.layers(m.layers_size() - 1),
+                              " but MNIST has 10 classes; use 10"));
+    }
+  }
+  // optimizer
+  const auto& o = spec.optimizer();
+  if (auto st = OneOf("optimizer.type", o.type(), {"sgd"}); !st.ok()) return st;
+  if (!(o.lr() > 0)) return Bad("optimizer.lr", "required, a number > 0 (e.g. 0.05)");
+  if (o.momentum() < 0 || o.momentum() >= 1) return Bad("optimizer.momentum", "must be in [0, 1)");
+  if (o.weight_decay() < 0) return Bad("optimizer.weight_decay", "must be >= 0");
+  if (o.nesterov() && o.momentum() <= 0) {
+    return Bad("optimizer.nesterov", "needs optimizer.momentum > 0");
+  }
+  // schedule
+  const auto& s = spec.schedule();
+  if (auto st = OneOf("schedule.type", s.type(), {"pipemare", "gpipe"}); !st.ok()) return st;
+  const int units = ModelUnitCount(m);
+  if (s.stages() < 1) return Bad("schedule.stages", "required, an integer >= 1");
+  if (s.stages() > units) {
+    return Bad("schedule.stages",
+               absl::StrCat(s.stages(), " stages but the model has only ", units,
+                            " units; use at most ", units, " or add layers"));
+  }
+  if (s.microbatch_size() < 1 || s.microbatch_size() > 65536) {
+    return Bad("schedule.microbatch_size", "must be in 1..65536");
+  }
+  if (s.microbatches_per_step() < 1 || s.microbatches_per_step() > 4096) {
+    return Bad("schedule.microbatches_per_step", "must be in 1..4096");
+  }
+  if (s.lr_anneal_steps() < 0) return Bad("schedule.lr_anneal_steps", "must be >= 0 (0 = T1 off)");
+  if (s.lr_anneal_epochs() < 0) return Bad("schedule.lr_anneal_epochs", "must be >= 0");
+  if (s.lr_anneal_steps() > 0 && s.lr_anneal_epochs() > 0) {
+    return Bad("schedule.lr_anneal_epochs", "give either lr_anneal_steps or lr_anneal_epochs, not both");
+  }
+  if (s.has_discrepancy_decay() && s.discrepancy_decay() >= 1) {
+    return Bad("schedule.discrepancy_decay", "must be in [0, 1) (negative = T2 off)");
+  }
+  if (s.type() == "gpipe" && (s.lr_anneal_steps() > 0 || s.lr_anneal_epochs() > 0 ||
+                              (s.has_discrepancy_decay() && s.discrepancy_decay() >= 0))) {
+    // Allowed but meaningless: gpipe has no delay. Keep it accepted so a user
+    // can flip schedule.type on the same file and compare.
+  }
+  // train
+  const auto& t = spec.train();
+  if (t.epochs() < 1 || t.epochs() > 100000) return Bad("train.epochs", "required, an integer in 1..100000");
+  return absl::OkStatus();
+}
+
+}  // namespace pipemare

@@ -1,0 +1,35 @@
+// Job specs: YAML or JSON files mapped onto pipemare.v1.JobSpec, defaults, and
+// validation. Every error names the field path ("schedule.stages") and what is
+// allowed, so a user can fix the file without reading code.
+#ifndef PIPEMARE_PIPELINE_JOB_SPEC_H_
+#define PIPEMARE_PIPELINE_JOB_SPEC_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pipemare/v1/pipemare.pb.h"
+
+namespace pipemare {
+
+// Parses a YAML or JSON document (JSON is YAML) onto a JobSpec. Unknown
+// fields, wrong types and malformed documents are INVALID_ARGUMENT naming the
+// field. Does not apply defaults or check ranges: see ValidateJobSpec.
+absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text);
+
+// Reads and parses a spec file; the error names the file.
+absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
+
+// Fills documented defaults in place (microbatch_size 64, activation relu...).
+void ApplyJobSpecDefaults(v1::JobSpec& spec);
+
+// Checks required fields, allowed values and ranges of a spec with defaults
+// applied. Does not touch the file system: the coordinator checks the dataset.
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// Number of pipeline units the model has (for an MLP: layers - 1).
+int ModelUnitCount(const v1::ModelSpec& model);
+
+}  // namespace pipemare
+
+#endif  // PIPEMARE_PIPELINE_JOB_SPEC_H_

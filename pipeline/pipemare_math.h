@@ -1,0 +1,52 @@
+// PipeMare's formulas, each in one place, named as the paper names them
+// (Yang et al., "PipeMare: Asynchronous Pipeline Parallel DNN Training",
+// arXiv 1910.05124; see docs/algorithm.md). The tensor formulas are templates
+// so that the same line serves torch::Tensor in the stage runtime and double
+// in the unit tests that check them against hand-computed values.
+#ifndef PIPEMARE_PIPELINE_PIPEMARE_MATH_H_
+#define PIPEMARE_PIPELINE_PIPEMARE_MATH_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace pipemare {
+
+// τ_i: optimizer steps that stage i (0 = input side) of P applies between the
+// forward and the backward of one microbatch under asynchronous 1F1B with N
+// microbatches per step: ceil((P - 1 - i) / N). Synchronous schedules: 0.
+inline int AnalyticDelay(int num_stages, int stage, int microbatches_per_step) {
+  const int in_flight_after = num_stages - 1 - stage;
+  if (in_flight_after <= 0) return 0;
+  return (in_flight_after + microbatches_per_step - 1) / microbatches_per_step;
+}
+
+// T1, learning-rate rescheduling: α_{k,i} = α_k · τ_i^-(1 - min(k/K, 1)).
+// No change where τ_i <= 1 or K <= 0 (T1 off).
+inline double T1LearningRate(double alpha_k, int64_t k, int64_t K, int tau) {
+  if (tau <= 1 || K <= 0) return alpha_k;
+  const double progress = std::min(static_cast<double>(k) / static_cast<double>(K), 1.0);
+  return alpha_k * std::pow(static_cast<double>(tau), -(1.0 - progress));
+}
+
+// T2, the velocity decay: γ_i = D^(1/τ_i). Only meaningful for τ_i >= 1.
+inline double T2Gamma(double D, int tau) {
+  return std::pow(D, 1.0 / static_cast<double>(std::max(tau, 1)));
+}
+
+// T2, the velocity update after step t -> t+1:
+//   δ_{t+1,i} = γ_i · δ_{t,i} + (1 - γ_i) · (w_{t+1,i} - w_{t,i})
+template <typename T>
+T T2Velocity(const T& delta_t, const T& w_next, const T& w_t, double gamma) {
+  return gamma * delta_t + (1.0 - gamma) * (w_next - w_t);
+}
+
+// T2, the backward weights: u_bkwd,i = w_{t,i} - τ_i · δ_{t,i}
+template <typename T>
+T T2BackwardWeights(const T& w_t, const T& delta_t, int tau) {
+  return w_t - static_cast<double>(tau) * delta_t;
+}
+
+}  // namespace pipemare
+
+#endif  // PIPEMARE_PIPELINE_PIPEMARE_MATH_H_

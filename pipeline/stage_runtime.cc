@@ -1,0 +1,262 @@
+#include "pipeline/stage_runtime.h"
+
+#include "absl/strings/str_cat.h"
+#include "pipeline/job_spec.h"
+#include "pipeline/pipemare_math.h"
+
+namespace pipemare {
+namespace {
+
+absl::Status Bad(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// Runs `fn`, turning LibTorch's exceptions into a Status at this boundary.
+template <typename Fn>
+absl::Status Guard(const char* what, Fn&& fn) {
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+  }
+}
+
+torch::nn::AnyModule Activation(const std::string& name) {
+  if (name == "tanh") return torch::nn::AnyModule(torch::nn::Tanh());
+  if (name == "gelu") return torch::nn::AnyModule(torch::nn::GELU());
+  if (name == "sigmoid") return torch::nn::AnyModule(torch::nn::Sigmoid());
+  return torch::nn::AnyModule(torch::nn::ReLU());
+}
+
+}  // namespace
+
+absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& type) {
+  if (type == "gpipe") return ScheduleKind::kGPipe;
+  if (type == "pipemare") return ScheduleKind::kPipeMare;
+  return Bad("schedule.type", absl::StrCat("'", type, "' is not allowed; allowed: pipemare, gpipe"));
+}
+
+absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int first_unit,
+                                                 int units, int64_t seed) {
+  if (model.type() != "mlp") return Bad("model.type", "only 'mlp' is supported");
+  const int total = ModelUnitCount(model);
+  if (first_unit < 0 || units < 1 || first_unit + units > total) {
+    return Bad("units", absl::StrCat("range [", first_unit, ", ", first_unit + units,
+                                     ") is outside the model's ", total, " units"));
+  }
+  torch::nn::Sequential seq;
+  for (int u = first_unit; u < first_unit + units; ++u) {
+    // Seeding per unit makes initial weights independent of the partition.
+    torch::manual_seed(static_cast<uint64_t>(seed) * 1000003ULL + static_cast<uint64_t>(u));
+    seq->push_back(torch::nn::Linear(model.layers(u), model.layers(u + 1)));
+    if (u + 1 < total) seq->push_back(Activation(model.activation()));
+  }
+  return seq;
+}
+
+absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::StageAssignment& a) {
+  if (a.num_stages() < 1) return Bad("num_stages", "must be >= 1");
+  if (a.stage() < 0 || a.stage() >= a.num_stages()) {
+    return Bad("stage", absl::StrCat(a.stage(), " is not in 0..", a.num_stages() - 1));
+  }
+  auto kind = ParseScheduleKind(a.schedule().type());
+  if (!kind.ok()) return kind.status();
+  if (a.optimizer().type() != "sgd") return Bad("optimizer.type", "only 'sgd' is supported");
+  if (!(a.optimizer().lr() > 0)) return Bad("optimizer.lr", "must be > 0");
+  if (a.schedule().microbatches_per_step() < 1) {
+    return Bad("schedule.microbatches_per_step", "must be >= 1");
+  }
+  torch::nn::Sequential module;
+  absl::Status built = Guard("building the stage", [&] {
+    auto m = BuildUnits(a.model(), a.first_unit(), a.units(), a.seed());
+    if (m.ok()) module = *m;
+    else throw std::invalid_argument(std::string(m.status().message()));
+  });
+  if (!built.ok()) return built;
+  return std::unique_ptr<StageRuntime>(new StageRuntime(a, *kind, module));
+}
+
+StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
+                           torch::nn::Sequential module)
+    : stage_(a.stage()),
+      num_stages_(a.num_stages()),
+      kind_(kind),
+      microbatches_per_step_(a.schedule().microbatches_per_step()),
+      tau_(kind == ScheduleKind::kPipeMare
+               ? AnalyticDelay(a.num_stages(), a.stage(), a.schedule().microbatches_per_step())
+               : 0),
+      base_lr_(a.optimizer().lr()),
+      lr_anneal_steps_(kind == ScheduleKind::kPipeMare ? a.lr_anneal_steps() : 0),
+      t2_enabled_(kind == ScheduleKind::kPipeMare && a.schedule().has_discrepancy_decay() &&
+                  a.schedule().discrepancy_decay() >= 0 && tau_ >= 1),
+      t2_gamma_(T2Gamma(a.schedule().discrepancy_decay(), tau_)),
+      module_(std::move(module)) {
+  const auto& o = a.optimizer();
+  optimizer_ = std::make_unique<torch::optim::SGD>(
+      module_->parameters(), torch::optim::SGDOptions(base_lr_)
+                                 .momentum(o.momentum())
+                                 .weight_decay(o.weight_decay())
+                                 .nesterov(o.nesterov()));
+  int64_t params = 0;
+  for (const auto& p : module_->parameters()) {
+    params += p.numel();
+    if (t2_enabled_) velocity_.push_back(torch::zeros_like(p));
+  }
+  stats_.parameters = params;
+  stats_.analytic_delay = tau_;
+  stats_.learning_rate = T1LearningRate(base_lr_, 0, lr_anneal_steps_, tau_);
+}
+
+absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch,
+                                                    const torch::Tensor& input, bool train) {
+  if (train && saved_.count(microbatch)) {
+    return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch, " forwarded twice"));
+  }
+  torch::Tensor out;
+  absl::Status st = Guard(absl::StrCat("stage ", stage_, " forward").c_str(), [&] {
+    torch::NoGradGuard no_grad;
+    out = module_->forward(input);
+  });
+  if (!st.ok()) return st;
+  if (train) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    saved_[microbatch] = Saved{input, torch::Tensor(), stats_.steps};
+    ++stats_.forwards;
+  }
+  return out;
+}
+
+absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
+                                                     const torch::Tensor& input,
+                                                     const torch::Tensor& targets, bool train) {
+  if (!is_last()) return absl::FailedPreconditionError("ForwardLoss on a stage that is not last");
+  if (targets.dim() != 1 || input.dim() < 1 || targets.size(0) != input.size(0) ||
+      targets.scalar_type() != torch::kInt64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("targets of microbatch ", microbatch, " must be INT64 of shape [",
+                     input.dim() ? input.size(0) : 0, "]"));
+  }
+  auto out = Forward(microbatch, input, train);
+  if (!out.ok()) return out.status();
+  LossResult r;
+  absl::Status st = Guard("loss", [&] {
+    const int64_t classes = out->size(1);
+    if (targets.numel() > 0 && (targets.min().item<int64_t>() < 0 ||
+                                targets.max().item<int64_t>() >= classes)) {
+      throw std::invalid_argument(absl::StrCat("targets outside 0..", classes - 1));
+    }
+    r.loss = torch::nn::functional::cross_entropy(*out, targets).item<double>();
+    r.correct = out->argmax(1).eq(targets).sum().item<int64_t>();
+    r.count = targets.size(0);
+  });
+  if (!st.ok()) return st;
+  if (train) saved_[microbatch].targets = targets;
+  return r;
+}
+
+std::vector<torch::Tensor> StageRuntime::BackwardWeights() const {
+  std::vector<torch::Tensor> u;
+  auto params = module_->parameters();
+  for (size_t j = 0; j < params.size(); ++j) {
+    u.push_back(t2_enabled_ ? T2BackwardWeights(params[j].detach(), velocity_[j], tau_)
+                            : params[j].detach().clone());
+  }
+  return u;
+}
+
+absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
+                                                     const torch::Tensor& grad_output) {
+  auto it = saved_.find(microbatch);
+  if (it == saved_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient for microbatch ", microbatch, " that this stage has not forwarded"));
+  }
+  Saved saved = std::move(it->second);
+  saved_.erase(it);
+  if (!grad_output.defined() && !is_last()) {
+    return absl::InvalidArgumentError("missing gradient on a stage that is not last");
+  }
+  torch::Tensor grad_input;
+  absl::Status st = Guard(absl::StrCat("stage ", stage_, " backward").c_str(), [&] {
+    auto params = module_->parameters();
+    std::vector<torch::Tensor> w_t;
+    if (t2_enabled_) {
+      // Differentiate at u_bkwd, then restore w_t. Never in place under a
+      // live graph: the recompute below builds its graph after the swap.
+      torch::NoGradGuard no_grad;
+      auto u = BackwardWeights();
+      for (size_t j = 0; j < params.size(); ++j) {
+        w_t.push_back(params[j].detach().clone());
+        params[j].copy_(u[j]);
+      }
+    }
+    torch::Tensor x = saved.input.detach();
+    if (!is_first()) x.requires_grad_(true);
+    torch::Tensor out = module_->forward(x);
+    if (is_last()) {
+      torch::Tensor loss = torch::nn::functional::cross_entropy(out, saved.targets) /
+                           static_cast<double>(microbatches_per_step_);
+      loss.backward();
+    } else {
+      if (!grad_output.sizes().equals(out.sizes())) {
+        throw std::invalid_argument(absl::StrCat("gradient shape does not match the stage output of microbatch ", microbatch));
+      }
+      out.backward(grad_output.to(out.scalar_type()));
+    }
+    if (!is_first()) grad_input = x.grad();
+    if (t2_enabled_) {
+      torch::NoGradGuard no_grad;
+      for (size_t j = 0; j < params.size(); ++j) params[j].copy_(w_t[j]);
+    }
+  });
+  if (!st.ok()) return st;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    delay_sum_ += static_cast<double>(stats_.steps - saved.step);
+    ++stats_.backwards;
+    stats_.measured_delay = delay_sum_ / static_cast<double>(stats_.backwards);
+  }
+  if (++backwards_since_step_ == microbatches_per_step_) {
+    backwards_since_step_ = 0;
+    Step();
+  }
+  return grad_input;
+}
+
+void StageRuntime::Step() {
+  int64_t k;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    k = stats_.steps;
+  }
+  const double lr = T1LearningRate(base_lr_, k, lr_anneal_steps_, tau_);
+  for (auto& group : optimizer_->param_groups()) {
+    static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+  }
+  auto params = module_->parameters();
+  std::vector<torch::Tensor> w_t;
+  if (t2_enabled_) {
+    for (const auto& p : params) w_t.push_back(p.detach().clone());
+  }
+  optimizer_->step();
+  optimizer_->zero_grad();
+  if (t2_enabled_) {
+    torch::NoGradGuard no_grad;
+    for (size_t j = 0; j < params.size(); ++j) {
+      velocity_[j] = T2Velocity(velocity_[j], params[j].detach(), w_t[j], t2_gamma_);
+    }
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  ++stats_.steps;
+  stats_.learning_rate = lr;
+}
+
+StageStats StageRuntime::Stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+}  // namespace pipemare

@@ -1,0 +1,129 @@
+// The stage runtime: one stage's units, optimizer and update rule. It does no
+// I/O: the stage host (stage_worker/) receives tensors, calls Forward /
+// ForwardLoss / Backward in the order its schedule dictates, and sends what
+// they return.
+//
+// Update rules by schedule (see docs/algorithm.md):
+//   gpipe:    backward at the current weights (== forward weights: τ = 0).
+//   pipemare: backward at T2's u_bkwd = w_t - τ_i δ_t (at w_t when T2 is off);
+//             step size by T1; one optimizer step every N backwards.
+// Backward recomputes the stage forward from the saved stage input at the
+// backward weights, so autograd never holds a graph across an update.
+//
+// Thread-compatible: one thread (the stage host's compute thread) calls the
+// mutators; Stats() may be called from any thread.
+#ifndef PIPEMARE_PIPELINE_STAGE_RUNTIME_H_
+#define PIPEMARE_PIPELINE_STAGE_RUNTIME_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "absl/status/statusor.h"
+#include "pipemare/v1/pipemare.pb.h"
+
+namespace pipemare {
+
+enum class ScheduleKind { kGPipe, kPipeMare };
+
+// "gpipe" | "pipemare" -> kind; INVALID_ARGUMENT otherwise.
+absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& type);
+
+// Builds units [first_unit, first_unit + units) of `model`. Unit u's weights
+// are drawn from a generator seeded with (seed, u), so a model's initial
+// weights do not depend on how it is partitioned.
+absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int first_unit,
+                                                 int units, int64_t seed);
+
+struct StageStats {
+  int64_t steps = 0;
+  int64_t forwards = 0;
+  int64_t backwards = 0;
+  double measured_delay = 0;  // mean optimizer steps between forward and backward
+  double learning_rate = 0;   // at the last step, after T1
+  int64_t parameters = 0;
+  int analytic_delay = 0;     // τ_i
+};
+
+struct LossResult {
+  double loss = 0;  // mean cross-entropy over the microbatch
+  int64_t correct = 0;
+  int64_t count = 0;
+};
+
+class StageRuntime {
+ public:
+  // Validates the assignment (unit range, schedule, optimizer) and builds the
+  // stage. Errors name the assignment field.
+  static absl::StatusOr<std::unique_ptr<StageRuntime>> Create(const v1::StageAssignment& a);
+
+  StageRuntime(const StageRuntime&) = delete;
+  StageRuntime& operator=(const StageRuntime&) = delete;
+
+  bool is_first() const { return stage_ == 0; }
+  bool is_last() const { return stage_ == num_stages_ - 1; }
+  ScheduleKind schedule() const { return kind_; }
+  int microbatches_per_step() const { return microbatches_per_step_; }
+
+  // Forward of `microbatch` at the current weights. With `train`, saves the
+  // input for the backward. Returns the stage output. Errors: the input's
+  // shape does not fit the first unit, or a duplicate microbatch id.
+  absl::StatusOr<torch::Tensor> Forward(uint64_t microbatch, const torch::Tensor& input,
+                                        bool train);
+
+  // Last stage only: forward plus cross-entropy against `targets` (INT64
+  // class ids). With `train`, saves input and targets; the backward follows
+  // with Backward(microbatch, {}).
+  absl::StatusOr<LossResult> ForwardLoss(uint64_t microbatch, const torch::Tensor& input,
+                                         const torch::Tensor& targets, bool train);
+
+  // Backward of a saved microbatch. `grad_output` is dL/d(stage output), or
+  // undefined on the last stage (the saved loss is differentiated). Returns
+  // dL/d(stage input), undefined on the first stage. Applies one optimizer
+  // step after every N-th backward.
+  absl::StatusOr<torch::Tensor> Backward(uint64_t microbatch, const torch::Tensor& grad_output);
+
+  StageStats Stats() const;
+
+  // The stage's parameters (for tests).
+  std::vector<torch::Tensor> Parameters() const { return module_->parameters(); }
+
+ private:
+  StageRuntime(const v1::StageAssignment& a, ScheduleKind kind, torch::nn::Sequential module);
+
+  struct Saved {
+    torch::Tensor input;
+    torch::Tensor targets;  // last stage only
+    int64_t step = 0;       // optimizer steps applied when the forward ran
+  };
+
+  // The weights the backward differentiates at (T2's u_bkwd, or w_t).
+  std::vector<torch::Tensor> BackwardWeights() const;
+  void Step();
+
+  const int stage_;
+  const int num_stages_;
+  const ScheduleKind kind_;
+  const int microbatches_per_step_;
+  const int tau_;                 // τ_i, analytic
+  const double base_lr_;
+  const int64_t lr_anneal_steps_;  // T1's K; 0 = off
+  const bool t2_enabled_;
+  const double t2_gamma_;
+  torch::nn::Sequential module_;
+  std::unique_ptr<torch::optim::SGD> optimizer_;
+  std::vector<torch::Tensor> velocity_;  // T2's δ, one per parameter
+  std::map<uint64_t, Saved> saved_;
+  int backwards_since_step_ = 0;
+
+  mutable std::mutex stats_mu_;
+  StageStats stats_;  // GUARDED_BY(stats_mu_)
+  double delay_sum_ = 0;
+};
+
+}  // namespace pipemare
+
+#endif  // PIPEMARE_PIPELINE_STAGE_RUNTIME_H_
