@@ -57,7 +57,8 @@ absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int
   return seq;
 }
 
-absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::StageAssignment& a) {
+absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::StageAssignment& a,
+                                                                   torch::Device device) {
   if (a.num_stages() < 1) return Bad("num_stages", "must be >= 1");
   if (a.stage() < 0 || a.stage() >= a.num_stages()) {
     return Bad("stage", absl::StrCat(a.stage(), " is not in 0..", a.num_stages() - 1));
@@ -72,15 +73,18 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
   torch::nn::Sequential module;
   absl::Status built = Guard("building the stage", [&] {
     auto m = BuildUnits(a.model(), a.first_unit(), a.units(), a.seed());
-    if (m.ok()) module = *m;
+    if (m.ok()) {
+      module = *m;
+      module->to(device);
+    }
     else throw std::invalid_argument(std::string(m.status().message()));
   });
   if (!built.ok()) return built;
-  return std::unique_ptr<StageRuntime>(new StageRuntime(a, *kind, module));
+  return std::unique_ptr<StageRuntime>(new StageRuntime(a, *kind, module, device));
 }
 
 StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
-                           torch::nn::Sequential module)
+                           torch::nn::Sequential module, torch::Device device)
     : stage_(a.stage()),
       num_stages_(a.num_stages()),
       kind_(kind),
@@ -93,6 +97,7 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       t2_enabled_(kind == ScheduleKind::kPipeMare && a.schedule().has_discrepancy_decay() &&
                   a.schedule().discrepancy_decay() >= 0 && tau_ >= 1),
       t2_gamma_(T2Gamma(a.schedule().discrepancy_decay(), tau_)),
+      device_(device),
       module_(std::move(module)) {
   const auto& o = a.optimizer();
   optimizer_ = std::make_unique<torch::optim::SGD>(
@@ -118,12 +123,12 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch,
   torch::Tensor out;
   absl::Status st = Guard(absl::StrCat("stage ", stage_, " forward").c_str(), [&] {
     torch::NoGradGuard no_grad;
-    out = module_->forward(input);
+    out = module_->forward(input.to(device_));
   });
   if (!st.ok()) return st;
   if (train) {
     std::lock_guard<std::mutex> lock(stats_mu_);
-    saved_[microbatch] = Saved{input, torch::Tensor(), stats_.steps};
+    saved_[microbatch] = Saved{input.to(device_), torch::Tensor(), stats_.steps};
     ++stats_.forwards;
   }
   return out;
@@ -148,12 +153,13 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
                                 targets.max().item<int64_t>() >= classes)) {
       throw std::invalid_argument(absl::StrCat("targets outside 0..", classes - 1));
     }
-    r.loss = torch::nn::functional::cross_entropy(*out, targets).item<double>();
-    r.correct = out->argmax(1).eq(targets).sum().item<int64_t>();
+    torch::Tensor t = targets.to(device_);
+    r.loss = torch::nn::functional::cross_entropy(*out, t).item<double>();
+    r.correct = out->argmax(1).eq(t).sum().item<int64_t>();
     r.count = targets.size(0);
   });
   if (!st.ok()) return st;
-  if (train) saved_[microbatch].targets = targets;
+  if (train) saved_[microbatch].targets = targets.to(device_);
   return r;
 }
 
@@ -204,7 +210,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
       if (!grad_output.sizes().equals(out.sizes())) {
         throw std::invalid_argument(absl::StrCat("gradient shape does not match the stage output of microbatch ", microbatch));
       }
-      out.backward(grad_output.to(out.scalar_type()));
+      out.backward(grad_output.to(device_, out.scalar_type()));
     }
     if (!is_first()) grad_input = x.grad();
     if (t2_enabled_) {

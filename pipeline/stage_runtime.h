@@ -58,7 +58,9 @@ class StageRuntime {
  public:
   // Validates the assignment (unit range, schedule, optimizer) and builds the
   // stage. Errors name the assignment field.
-  static absl::StatusOr<std::unique_ptr<StageRuntime>> Create(const v1::StageAssignment& a);
+  // The stage's weights, optimizer state and saved inputs live on `device`.
+  static absl::StatusOr<std::unique_ptr<StageRuntime>> Create(const v1::StageAssignment& a,
+                                                              torch::Device device = torch::kCPU);
 
   StageRuntime(const StageRuntime&) = delete;
   StageRuntime& operator=(const StageRuntime&) = delete;
@@ -68,7 +70,10 @@ class StageRuntime {
   ScheduleKind schedule() const { return kind_; }
   int microbatches_per_step() const { return microbatches_per_step_; }
 
-  // Forward of `microbatch` at the current weights. With `train`, saves the
+  torch::Device device() const { return device_; }
+
+  // Forward of `microbatch` at the current weights (inputs are moved to the
+  // stage's device). With `train`, saves the
   // input for the backward. Returns the stage output. Errors: the input's
   // shape does not fit the first unit, or a duplicate microbatch id.
   absl::StatusOr<torch::Tensor> Forward(uint64_t microbatch, const torch::Tensor& input,
@@ -92,7 +97,8 @@ class StageRuntime {
   std::vector<torch::Tensor> Parameters() const { return module_->parameters(); }
 
  private:
-  StageRuntime(const v1::StageAssignment& a, ScheduleKind kind, torch::nn::Sequential module);
+  StageRuntime(const v1::StageAssignment& a, ScheduleKind kind, torch::nn::Sequential module,
+               torch::Device device);
 
   struct Saved {
     torch::Tensor input;
@@ -113,6 +119,7 @@ class StageRuntime {
   const int64_t lr_anneal_steps_;  // T1's K; 0 = off
   const bool t2_enabled_;
   const double t2_gamma_;
+  const torch::Device device_;
   torch::nn::Sequential module_;
   std::unique_ptr<torch::optim::SGD> optimizer_;
   std::vector<torch::Tensor> velocity_;  // T2's δ, one per parameter

@@ -1,0 +1,84 @@
+#include "coordinator/coordinator_service.h"
+
+#include <iostream>
+
+#include "common/rpc.h"
+
+namespace pipemare {
+
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                                           v1::SubmitJobResponse* resp) {
+  if (!req->has_spec()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec: required");
+  auto job = manager_->Submit(req->spec());
+  if (!job.ok()) {
+    std::cerr << "refused a job: " << job.status().message() << std::endl;
+    return ToGrpc(job.status());
+  }
+  *resp->mutable_job() = *job;
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+                                        v1::JobStatus* resp) {
+  auto job = store_->Get(req->id());
+  if (!job.ok()) return ToGrpc(job.status());
+  *resp = *job;
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                                          v1::ListJobsResponse* resp) {
+  for (auto& job : store_->List()) *resp->add_jobs() = std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+                                           v1::JobStatus* resp) {
+  auto job = manager_->Cancel(req->id());
+  if (!job.ok()) return ToGrpc(job.status());
+  *resp = *job;
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
+                                          const v1::WatchJobRequest* req,
+                                          grpc::ServerWriter<v1::JobEvent>* writer) {
+  uint64_t version = 0;
+  while (!context->IsCancelled()) {
+    const uint64_t before = version;
+    auto job = store_->WaitForChange(req->id(), &version, std::chrono::milliseconds(1000));
+    if (!job.ok()) return ToGrpc(job.status());
+    if (version != before) {
+      v1::JobEvent event;
+      *event.mutable_job() = *job;
+      if (!writer->Write(event)) return grpc::Status::OK;  // the watcher went away
+    }
+    if (IsTerminal(job->state())) return grpc::Status::OK;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                                             v1::ListWorkersResponse* resp) {
+  for (auto& w : registry_->List()) *resp->add_workers() = std::move(w);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
+                                                const v1::RegisterWorkerRequest* req,
+                                                v1::RegisterWorkerResponse* resp) {
+  auto id = registry_->Register(*req);
+  if (!id.ok()) return ToGrpc(id.status());
+  std::cerr << "worker " << *id << " registered from " << req->address() << std::endl;
+  resp->set_worker_id(*id);
+  resp->set_heartbeat_interval_ms(heartbeat_interval_ms_);
+  manager_->Poke();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+                                           v1::HeartbeatResponse*) {
+  return ToGrpc(registry_->Heartbeat(req->worker_id()));
+}
+
+}  // namespace pipemare

@@ -1,0 +1,58 @@
+// JobManager: accepts jobs (validating them at the edge), queues them, starts
+// a JobRunner for the oldest PENDING job once enough workers are idle, and
+// records how each run ended. Also marks silent workers LOST.
+//
+// Thread-safe. Owns one scheduler thread and one thread per running job.
+#ifndef PIPEMARE_COORDINATOR_JOB_MANAGER_H_
+#define PIPEMARE_COORDINATOR_JOB_MANAGER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "coordinator/job_runner.h"
+#include "coordinator/job_store.h"
+#include "coordinator/worker_registry.h"
+
+namespace pipemare {
+
+class JobManager {
+ public:
+  JobManager(JobStore* store, WorkerRegistry* registry, RunnerOptions options);
+  ~JobManager();  // cancels running jobs and joins every thread
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  // Applies defaults, validates the spec and checks the dataset exists;
+  // INVALID_ARGUMENT / NOT_FOUND naming the field otherwise.
+  absl::StatusOr<v1::JobStatus> Submit(v1::JobSpec spec);
+  // PENDING -> CANCELLED at once; RUNNING -> CANCELLED once its runner stops
+  // (within a second). FAILED_PRECONDITION for a job that already ended.
+  absl::StatusOr<v1::JobStatus> Cancel(const std::string& id);
+  // Wakes the scheduler (a worker registered or became idle).
+  void Poke();
+
+ private:
+  void SchedulerLoop();
+  void StartJob(const std::string& id, std::vector<v1::WorkerInfo> workers);
+
+  JobStore* const store_;
+  WorkerRegistry* const registry_;
+  const RunnerOptions options_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                                   // GUARDED_BY(mu_)
+  std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancel_;  // GUARDED_BY(mu_)
+  std::map<std::string, std::thread> runners_;              // GUARDED_BY(mu_)
+  std::vector<std::thread> finished_;                       // GUARDED_BY(mu_)
+  std::thread scheduler_;
+};
+
+}  // namespace pipemare
+
+#endif  // PIPEMARE_COORDINATOR_JOB_MANAGER_H_

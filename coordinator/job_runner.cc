@@ -1,0 +1,470 @@
+#include "coordinator/job_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <iostream>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+#include "pipeline/job_spec.h"
+#include "pipeline/mnist.h"
+#include "pipeline/partition.h"
+#include "pipeline/pipemare_math.h"
+#include "pipeline/tensor_codec.h"
+#include "pipemare/v1/pipemare.grpc.pb.h"
+
+namespace pipemare {
+
+using Clock = std::chrono::steady_clock;
+using FeedStream = grpc::ClientReaderWriter<v1::StageMessage, v1::StageMessage>;
+
+JobRunner::JobRunner(std::string job_id, v1::JobSpec spec, std::vector<v1::WorkerInfo> workers,
+                     JobStore* store, WorkerRegistry* registry, const std::atomic<bool>* cancel,
+                     RunnerOptions options)
+    : job_id_(std::move(job_id)),
+      spec_(std::move(spec)),
+      workers_(std::move(workers)),
+      store_(store),
+      registry_(registry),
+      cancel_(cancel),
+      options_(options) {}
+
+class JobRunner::Impl {
+ public:
+  Impl(const JobRunner& r) : r_(r), spec_(r.spec_), P_(spec_.schedule().stages()) {}
+  ~Impl() { CloseFeeds(); }
+
+  absl::Status Run();
+
+ private:
+  // What the feed readers hand to the runner.
+  struct FeedEvent {
+    enum Kind { kDone, kResult, kError } kind;
+    uint64_t microbatch = 0;
+    v1::Phase phase = v1::TRAIN;
+    v1::MicrobatchResult result;
+    std::string error;
+  };
+  struct Feed {
+    grpc::ClientContext context;
+    std::unique_ptr<FeedStream> stream;
+    std::thread reader;
+    std::mutex write_mu;
+  };
+
+  absl::Status LoadStages(const std::vector<StageRange>& ranges, int64_t anneal_steps);
+  absl::Status OpenFeed(Feed& feed, int stage, v1::StreamOpen::Role role);
+  void ReadFeed(Feed* feed, const std::string& what);
+  void CloseFeeds();
+  void ReleaseStages();
+  absl::Status SendMicrobatch(const ImageDataset& data, const std::vector<int64_t>& order,
+                              int64_t begin, int64_t count, uint64_t id, v1::Phase phase);
+  // Processes feed events until `done()` holds. Fails on cancel, a stage
+  // error, a lost worker, or a stall.
+  absl::Status WaitUntil(const std::function<bool()>& done);
+  void Handle(const FeedEvent& e);
+  void Publish(bool force);
+  void PollStages();
+  std::string StageLabel(int i) const {
+    return absl::StrCat("stage ", i, " (worker ", r_.workers_[i].id(), " at ",
+                        r_.workers_[i].address(), ")");
+  }
+
+  const JobRunner& r_;
+  const v1::JobSpec& spec_;
+  const int P_;
+  std::vector<std::unique_ptr<v1::StageWorker::Stub>> stubs_;
+  Feed input_feed_, target_feed_;
+  bool feeds_open_ = false;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<FeedEvent> events_;  // GUARDED_BY(mu_)
+
+  // Runner-thread state.
+  int64_t in_flight_ = 0;      // TRAIN microbatches sent, stage-0 backward not done
+  int64_t train_done_ = 0;     // stage-0 backwards completed in the whole job
+  int64_t eval_pending_ = 0;   // EVAL microbatches sent, result not back
+  double window_loss_ = 0;
+  int64_t window_count_ = 0;
+  double epoch_loss_ = 0;
+  int64_t epoch_loss_count_ = 0;
+  double eval_loss_ = 0;
+  int64_t eval_correct_ = 0, eval_count_ = 0;
+  double last_train_loss_ = NAN;
+  int64_t steps_per_epoch_ = 0;
+  int64_t total_steps_ = 0;
+  int64_t samples_trained_ = 0;
+  int epoch_ = 0;
+  double train_seconds_ = 0;   // time spent training (not evaluating)
+  Clock::time_point epoch_train_start_;
+  Clock::time_point last_event_ = Clock::now();
+  Clock::time_point last_publish_;
+  Clock::time_point job_start_ = Clock::now();
+};
+
+absl::Status JobRunner::Run() {
+  Impl impl(*this);
+  return impl.Run();
+}
+
+absl::Status JobRunner::Impl::LoadStages(const std::vector<StageRange>& ranges,
+                                         int64_t anneal_steps) {
+  for (int i = 0; i < P_; ++i) {
+    stubs_.push_back(v1::StageWorker::NewStub(MakeChannel(r_.workers_[i].address())));
+  }
+  // Last stage first: each stage opens its stream to the next on load.
+  for (int i = P_ - 1; i >= 0; --i) {
+    v1::StageAssignment a;
+    a.set_job_id(r_.job_id_);
+    a.set_stage(i);
+    a.set_num_stages(P_);
+    a.set_first_unit(ranges[i].first_unit);
+    a.set_units(ranges[i].units);
+    *a.mutable_model() = spec_.model();
+    *a.mutable_optimizer() = spec_.optimizer();
+    *a.mutable_schedule() = spec_.schedule();
+    a.set_seed(spec_.train().seed());
+    a.set_lr_anneal_steps(anneal_steps);
+    if (i + 1 < P_) a.set_downstream_address(r_.workers_[i + 1].address());
+    v1::LoadStageResponse resp;
+    auto ctx = ContextWithDeadline(60);
+    grpc::Status st = stubs_[i]->LoadStage(ctx.get(), a, &resp);
+    if (!st.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("loading ", StageLabel(i), " failed: ", st.error_message()));
+    }
+    r_.registry_->SetStage(r_.workers_[i].id(), i);
+    r_.store_->Update(r_.job_id_, [&](v1::JobStatus& s) {
+      auto* stage = s.mutable_stages(i);
+      stage->set_parameters(resp.parameters());
+      stage->set_analytic_delay(resp.analytic_delay());
+    }).IgnoreError();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Impl::OpenFeed(Feed& feed, int stage, v1::StreamOpen::Role role) {
+  feed.stream = stubs_[stage]->Pipe(&feed.context);
+  v1::StageMessage open;
+  open.mutable_open()->set_job_id(r_.job_id_);
+  open.mutable_open()->set_role(role);
+  open.mutable_open()->set_from_stage(-1);
+  if (!feed.stream->Write(open)) {
+    return absl::UnavailableError(absl::StrCat("cannot open the data feed to ", StageLabel(stage)));
+  }
+  const std::string what = absl::StrCat(role == v1::StreamOpen::INPUT_FEED ? "input" : "target",
+                                        " feed to ", StageLabel(stage));
+  feed.reader = std::thread([this, f = &feed, what] { ReadFeed(f, what); });
+  return absl::OkStatus();
+}
+
+void JobRunner::Impl::ReadFeed(Feed* feed, const std::string& what) {
+  v1::StageMessage msg;
+  while (feed->stream->Read(&msg)) {
+    FeedEvent e;
+    e.microbatch = msg.microbatch();
+    e.phase = msg.phase();
+    if (msg.has_done()) {
+      e.kind = FeedEvent::kDone;
+    } else if (msg.has_result()) {
+      e.kind = FeedEvent::kResult;
+      e.result = msg.result();
+    } else if (msg.has_error()) {
+      e.kind = FeedEvent::kError;
+      e.error = msg.error().message();
+    } else {
+      e.kind = FeedEvent::kError;
+      e.error = absl::StrCat(what, " sent an unexpected message");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      events_.push_back(std::move(e));
+    }
+    cv_.notify_all();
+  }
+  FeedEvent e;
+  e.kind = FeedEvent::kError;
+  e.error = absl::StrCat("lost the ", what);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+void JobRunner::Impl::CloseFeeds() {
+  for (Feed* f : {&input_feed_, &target_feed_}) {
+    if (!f->stream) continue;
+    f->context.TryCancel();
+    if (f->reader.joinable()) f->reader.join();
+    f->stream.reset();
+  }
+}
+
+void JobRunner::Impl::ReleaseStages() {
+  // In parallel would be faster; stages release in milliseconds, and a dead
+  // worker costs one short deadline.
+  for (size_t i = 0; i < stubs_.size(); ++i) {
+    v1::ReleaseStageRequest req;
+    req.set_job_id(r_.job_id_);
+    v1::ReleaseStageResponse resp;
+    auto ctx = ContextWithDeadline(3);
+    stubs_[i]->ReleaseStage(ctx.get(), req, &resp);
+  }
+}
+
+absl::Status JobRunner::Impl::SendMicrobatch(const ImageDataset& data,
+                                             const std::vector<int64_t>& order, int64_t begin,
+                                             int64_t count, uint64_t id, v1::Phase phase) {
+  const int64_t features = data.features();
+  std::vector<float> x(count * features);
+  std::vector<int64_t> y(count);
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t src = order.empty() ? begin + j : order[begin + j];
+    std::copy_n(data.pixels.data() + src * features, features, x.data() + j * features);
+    y[j] = data.labels[src];
+  }
+  v1::StageMessage targets;
+  targets.set_microbatch(id);
+  targets.set_phase(phase);
+  *targets.mutable_targets() = MakeInt64Tensor(y.data(), {count});
+  v1::StageMessage input;
+  input.set_microbatch(id);
+  input.set_phase(phase);
+  *input.mutable_activation() = MakeFloat32Tensor(x.data(), {count, features});
+  // Targets first, so the last stage has them when the activation arrives.
+  if (!target_feed_.stream->Write(targets)) {
+    return absl::UnavailableError(absl::StrCat("lost the target feed to ", StageLabel(P_ - 1)));
+  }
+  if (!input_feed_.stream->Write(input)) {
+    return absl::UnavailableError(absl::StrCat("lost the input feed to ", StageLabel(0)));
+  }
+  return absl::OkStatus();
+}
+
+void JobRunner::Impl::Handle(const FeedEvent& e) {
+  if (e.kind == FeedEvent::kDone) {
+    --in_flight_;
+    ++train_done_;
+  } else if (e.kind == FeedEvent::kResult) {
+    if (e.phase == v1::EVAL) {
+      --eval_pending_;
+      eval_loss_ += e.result.loss() * e.result.count();
+      eval_correct_ += e.result.correct();
+      eval_count_ += e.result.count();
+    } else {
+      window_loss_ += e.result.loss();
+      ++window_count_;
+      epoch_loss_ += e.result.loss();
+      ++epoch_loss_count_;
+      samples_trained_ += e.result.count();
+    }
+  }
+}
+
+absl::Status JobRunner::Impl::WaitUntil(const std::function<bool()>& done) {
+  while (!done()) {
+    if (r_.cancel_->load()) return absl::CancelledError("cancelled by the user");
+    FeedEvent e;
+    bool got = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !events_.empty(); });
+      if (!events_.empty()) {
+        e = std::move(events_.front());
+        events_.pop_front();
+        got = true;
+      }
+    }
+    if (got) {
+      last_event_ = Clock::now();
+      if (e.kind == FeedEvent::kError) return absl::UnavailableError(e.error);
+      Handle(e);
+      Publish(false);
+      continue;
+    }
+    for (int i = 0; i < P_; ++i) {
+      if (r_.registry_->IsLost(r_.workers_[i].id())) {
+        return absl::UnavailableError(
+            absl::StrCat(StageLabel(i), " stopped sending heartbeats; the worker is lost"));
+      }
+    }
+    const double idle = std::chrono::duration<double>(Clock::now() - last_event_).count();
+    if (idle > r_.options_.stall_timeout_seconds) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no progress from the pipeline for ", static_cast<int>(idle), " s; a stage may be hung"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void JobRunner::Impl::Publish(bool force) {
+  const auto now = Clock::now();
+  if (!force && std::chrono::duration<double>(now - last_publish_).count() <
+                    r_.options_.publish_interval_seconds) {
+    return;
+  }
+  last_publish_ = now;
+  if (window_count_ > 0) {
+    last_train_loss_ = window_loss_ / window_count_;
+    window_loss_ = 0;
+    window_count_ = 0;
+  }
+  const int N = spec_.schedule().microbatches_per_step();
+  const int64_t steps = train_done_ / N;
+  const double training =
+      train_seconds_ + (epoch_train_start_.time_since_epoch().count() != 0
+                            ? std::chrono::duration<double>(now - epoch_train_start_).count()
+                            : 0.0);
+  r_.store_->Update(r_.job_id_, [&](v1::JobStatus& s) {
+    auto* p = s.mutable_progress();
+    p->set_epoch(epoch_);
+    p->set_epochs(spec_.train().epochs());
+    p->set_step(steps);
+    p->set_total_steps(total_steps_);
+    auto* m = s.mutable_metrics();
+    if (!std::isnan(last_train_loss_)) m->set_train_loss(last_train_loss_);
+    if (training > 0) m->set_samples_per_second(samples_trained_ / training);
+    m->set_elapsed_seconds(std::chrono::duration<double>(now - job_start_).count());
+    if (steps > 0) {
+      m->set_eta_seconds(training / steps * static_cast<double>(total_steps_ - steps));
+    }
+  }).IgnoreError();
+}
+
+void JobRunner::Impl::PollStages() {
+  for (int i = 0; i < P_; ++i) {
+    v1::StageStatusRequest req;
+    req.set_job_id(r_.job_id_);
+    v1::StageStatusResponse resp;
+    auto ctx = ContextWithDeadline(3);
+    if (!stubs_[i]->GetStageStatus(ctx.get(), req, &resp).ok()) continue;
+    r_.store_->Update(r_.job_id_, [&](v1::JobStatus& s) {
+      s.mutable_stages(i)->set_measured_delay(resp.measured_delay());
+      s.mutable_stages(i)->set_learning_rate(resp.learning_rate());
+    }).IgnoreError();
+  }
+}
+
+absl::Status JobRunner::Impl::Run() {
+  const auto& sched = spec_.schedule();
+  const int N = sched.microbatches_per_step();
+  const int64_t mbs = sched.microbatch_size();
+  auto ranges = PartitionUniform(ModelUnitCount(spec_.model()), P_);
+  if (!ranges.ok()) return ranges.status();
+  r_.store_->Update(r_.job_id_, [&](v1::JobStatus& s) {
+    s.clear_stages();
+    for (int i = 0; i < P_; ++i) {
+      auto* st = s.add_stages();
+      st->set_index(i);
+      st->set_worker_id(r_.workers_[i].id());
+      st->set_worker_address(r_.workers_[i].address());
+      st->set_first_unit((*ranges)[i].first_unit);
+      st->set_units((*ranges)[i].units);
+    }
+  }).IgnoreError();
+
+  auto train = LoadMnist(spec_.data().path(), true, spec_.data().train_limit());
+  if (!train.ok()) return absl::InvalidArgumentError(absl::StrCat("data.path: ", train.status().message()));
+  auto test = LoadMnist(spec_.data().path(), false, spec_.data().test_limit());
+  if (!test.ok()) return absl::InvalidArgumentError(absl::StrCat("data.path: ", test.status().message()));
+  steps_per_epoch_ = (train->count / mbs) / N;
+  if (steps_per_epoch_ < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.train_limit: ", train->count, " training examples make no full step of ", N,
+        " microbatches of ", mbs, "; use more data or smaller schedule.microbatch_size"));
+  }
+  total_steps_ = steps_per_epoch_ * spec_.train().epochs();
+  const int64_t anneal_steps =
+      sched.lr_anneal_steps() > 0
+          ? sched.lr_anneal_steps()
+          : static_cast<int64_t>(std::llround(sched.lr_anneal_epochs() * steps_per_epoch_));
+
+  absl::Status st = LoadStages(*ranges, anneal_steps);
+  if (st.ok()) st = OpenFeed(target_feed_, P_ - 1, v1::StreamOpen::TARGET_FEED);
+  if (st.ok()) st = OpenFeed(input_feed_, 0, v1::StreamOpen::INPUT_FEED);
+  if (!st.ok()) {
+    CloseFeeds();
+    ReleaseStages();
+    return st;
+  }
+  // Asynchronous 1F1B keeps P microbatches in flight; gpipe sends N and
+  // waits for all N backwards (the flush) before the next step.
+  const bool sync = sched.type() == "gpipe";
+  const int64_t window = sync ? N : P_;
+  const int64_t eval_mbs = std::max<int64_t>(mbs, 256);
+  uint64_t next_id = 1;
+  Publish(true);
+  for (epoch_ = 1; epoch_ <= spec_.train().epochs() && st.ok(); ++epoch_) {
+    std::vector<int64_t> order(train->count);
+    std::iota(order.begin(), order.end(), 0);
+    if (spec_.train().shuffle()) {
+      std::mt19937_64 rng(static_cast<uint64_t>(spec_.train().seed()) * 7919 + epoch_);
+      std::shuffle(order.begin(), order.end(), rng);
+    }
+    epoch_loss_ = 0;
+    epoch_loss_count_ = 0;
+    epoch_train_start_ = Clock::now();
+    const auto epoch_start = epoch_train_start_;
+    const int64_t microbatches = steps_per_epoch_ * N;
+    for (int64_t j = 0; j < microbatches && st.ok(); ++j) {
+      st = WaitUntil([&] { return in_flight_ < window; });
+      if (st.ok()) st = SendMicrobatch(*train, order, j * mbs, mbs, next_id++, v1::TRAIN);
+      if (st.ok()) ++in_flight_;
+      if (st.ok() && sync && (j + 1) % N == 0) st = WaitUntil([&] { return in_flight_ == 0; });
+    }
+    if (st.ok()) st = WaitUntil([&] { return in_flight_ == 0; });
+    train_seconds_ += std::chrono::duration<double>(Clock::now() - epoch_train_start_).count();
+    epoch_train_start_ = Clock::time_point();
+    if (!st.ok()) break;
+    // Evaluate the whole test split with the epoch's final weights.
+    eval_loss_ = 0;
+    eval_correct_ = eval_count_ = 0;
+    for (int64_t b = 0; b < test->count && st.ok(); b += eval_mbs) {
+      st = WaitUntil([&] { return eval_pending_ < P_ + 1; });
+      if (st.ok()) {
+        st = SendMicrobatch(*test, {}, b, std::min(eval_mbs, test->count - b), next_id++, v1::EVAL);
+      }
+      if (st.ok()) ++eval_pending_;
+    }
+    if (st.ok()) st = WaitUntil([&] { return eval_pending_ == 0; });
+    if (!st.ok()) break;
+    PollStages();
+    const double accuracy = eval_count_ ? static_cast<double>(eval_correct_) / eval_count_ : 0;
+    const double test_loss = eval_count_ ? eval_loss_ / eval_count_ : 0;
+    const double epoch_train_loss = epoch_loss_count_ ? epoch_loss_ / epoch_loss_count_ : 0;
+    const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    r_.store_->Update(r_.job_id_, [&](v1::JobStatus& s) {
+      auto* e = s.add_epochs();
+      e->set_epoch(epoch_);
+      e->set_train_loss(epoch_train_loss);
+      e->set_test_loss(test_loss);
+      e->set_test_accuracy(accuracy);
+      e->set_seconds(seconds);
+      s.mutable_metrics()->set_test_accuracy(accuracy);
+      s.mutable_metrics()->set_test_loss(test_loss);
+    }).IgnoreError();
+    std::cerr << "job " << r_.job_id_ << " epoch " << epoch_ << ": train loss "
+              << epoch_train_loss << ", test accuracy " << accuracy << " (" << seconds << " s)"
+              << std::endl;
+    if (!std::isfinite(epoch_train_loss)) {
+      st = absl::AbortedError(absl::StrCat(
+          "training diverged in epoch ", epoch_, " (loss is not finite); lower optimizer.lr or "
+          "optimizer.momentum, or raise schedule.lr_anneal_steps"));
+    }
+  }
+  epoch_ = std::min(epoch_, spec_.train().epochs());
+  Publish(true);
+  CloseFeeds();
+  ReleaseStages();
+  return st;
+}
+
+}  // namespace pipemare

@@ -1,0 +1,69 @@
+// JobStore: every job's JobStatus, with a version per job so watchers can wait
+// for changes, optionally persisted as one JSON file per job in a state
+// directory (so a restarted coordinator still answers for past jobs).
+//
+// Job lifecycle (UpdateState is its only mutator; see JobState in the proto):
+//   PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED;  PENDING -> CANCELLED
+//
+// Thread-safe.
+#ifndef PIPEMARE_COORDINATOR_JOB_STORE_H_
+#define PIPEMARE_COORDINATOR_JOB_STORE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pipemare/v1/pipemare.pb.h"
+
+namespace pipemare {
+
+bool IsTerminal(v1::JobState state);
+int64_t NowUnixMs();
+
+class JobStore {
+ public:
+  // `state_dir` empty = memory only. Loads jobs found there: a job that was
+  // RUNNING when the previous coordinator stopped becomes FAILED (the run is
+  // lost); PENDING jobs stay PENDING and will run.
+  explicit JobStore(std::string state_dir);
+
+  // Stores a new PENDING job for `spec` and returns its status.
+  v1::JobStatus Create(const v1::JobSpec& spec);
+  absl::StatusOr<v1::JobStatus> Get(const std::string& id) const;
+  std::vector<v1::JobStatus> List() const;
+  // PENDING job ids, oldest first.
+  std::vector<std::string> Pending() const;
+
+  // Moves a job along its lifecycle; refuses to leave a terminal state
+  // (FAILED_PRECONDITION). Stamps start/finish times.
+  absl::Status UpdateState(const std::string& id, v1::JobState state, const std::string& reason);
+  // Changes anything but the state (progress, metrics, stages).
+  absl::Status Update(const std::string& id, const std::function<void(v1::JobStatus&)>& fn);
+
+  // Blocks until job `id`'s version differs from `*version` or `timeout`
+  // passes; then sets *version and returns the status.
+  absl::StatusOr<v1::JobStatus> WaitForChange(const std::string& id, uint64_t* version,
+                                              std::chrono::milliseconds timeout) const;
+
+ private:
+  struct Entry {
+    v1::JobStatus status;
+    uint64_t version = 1;
+  };
+  void Persist(const v1::JobStatus& status);  // REQUIRES: mu_ held
+
+  const std::string state_dir_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::map<std::string, Entry> jobs_;  // GUARDED_BY(mu_)
+  int64_t next_id_ = 1;
+};
+
+}  // namespace pipemare
+
+#endif  // PIPEMARE_COORDINATOR_JOB_STORE_H_

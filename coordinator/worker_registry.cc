@@ -1,0 +1,126 @@
+#include "coordinator/worker_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace pipemare {
+namespace {
+int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerRequest& request) {
+  if (request.address().empty() || request.address().find(':') == std::string::npos) {
+    return absl::InvalidArgumentError("address: required, as host:port");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  // A worker that restarts on the same address replaces its old entry.
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (it->second.info.address() == request.address()) {
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const std::string id = absl::StrCat("w-", next_id_);
+  Entry e;
+  e.order = next_id_++;
+  e.info.set_id(id);
+  e.info.set_address(request.address());
+  e.info.set_device(request.device().empty() ? "cpu" : request.device());
+  e.info.set_threads(request.threads());
+  e.info.set_state(v1::IDLE);
+  e.info.set_stage(-1);
+  e.info.set_last_heartbeat_unix_ms(UnixMs());
+  e.last_heartbeat = Clock::now();
+  workers_[id] = e;
+  return id;
+}
+
+absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.info.state() == v1::LOST) {
+    return absl::NotFoundError(absl::StrCat("worker_id: '", worker_id, "' is not registered; register again"));
+  }
+  it->second.last_heartbeat = Clock::now();
+  it->second.info.set_last_heartbeat_unix_ms(UnixMs());
+  return absl::OkStatus();
+}
+
+int WorkerRegistry::MarkLost() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int lost = 0;
+  const auto now = Clock::now();
+  for (auto& [id, e] : workers_) {
+    if (e.info.state() != v1::LOST && now - e.last_heartbeat > timeout_) {
+      e.info.set_state(v1::LOST);
+      ++lost;
+    }
+  }
+  return lost;
+}
+
+std::vector<v1::WorkerInfo> WorkerRegistry::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<const Entry*> entries;
+  for (const auto& [id, e] : workers_) entries.push_back(&e);
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry* a, const Entry* b) { return a->order < b->order; });
+  std::vector<v1::WorkerInfo> out;
+  for (const Entry* e : entries) out.push_back(e->info);
+  return out;
+}
+
+int WorkerRegistry::IdleCount() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const auto& [id, e] : workers_) n += e.info.state() == v1::IDLE;
+  return n;
+}
+
+std::optional<std::vector<v1::WorkerInfo>> WorkerRegistry::Acquire(int n,
+                                                                   const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Entry*> idle;
+  for (auto& [id, e] : workers_) {
+    if (e.info.state() == v1::IDLE) idle.push_back(&e);
+  }
+  if (static_cast<int>(idle.size()) < n) return std::nullopt;
+  std::sort(idle.begin(), idle.end(), [](Entry* a, Entry* b) { return a->order < b->order; });
+  std::vector<v1::WorkerInfo> out;
+  for (int i = 0; i < n; ++i) {
+    idle[i]->info.set_state(v1::BUSY);
+    idle[i]->info.set_job_id(job_id);
+    out.push_back(idle[i]->info);
+  }
+  return out;
+}
+
+void WorkerRegistry::SetStage(const std::string& worker_id, int stage) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it != workers_.end()) it->second.info.set_stage(stage);
+}
+
+void WorkerRegistry::Release(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, e] : workers_) {
+    if (e.info.job_id() != job_id) continue;
+    e.info.clear_job_id();
+    e.info.set_stage(-1);
+    if (e.info.state() == v1::BUSY) e.info.set_state(v1::IDLE);
+  }
+}
+
+bool WorkerRegistry::IsLost(const std::string& worker_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  return it == workers_.end() || it->second.info.state() == v1::LOST;
+}
+
+}  // namespace pipemare

@@ -1,0 +1,61 @@
+// WorkerRegistry: which stage workers exist, whether they are alive, and which
+// job each one serves.
+//
+//   (RegisterWorker) --> IDLE <--Release-- BUSY
+//                          \---Acquire----->/
+//   IDLE/BUSY --(no heartbeat for `timeout`)--> LOST   (a later heartbeat
+//   gets NOT_FOUND, and the worker registers anew)
+//
+// Thread-safe.
+#ifndef PIPEMARE_COORDINATOR_WORKER_REGISTRY_H_
+#define PIPEMARE_COORDINATOR_WORKER_REGISTRY_H_
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pipemare/v1/pipemare.pb.h"
+
+namespace pipemare {
+
+class WorkerRegistry {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit WorkerRegistry(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+
+  // Adds a worker (or refreshes one with the same address) and returns its id.
+  absl::StatusOr<std::string> Register(const v1::RegisterWorkerRequest& request);
+  // NOT_FOUND for unknown or LOST workers.
+  absl::Status Heartbeat(const std::string& worker_id);
+  // Marks workers without a recent heartbeat LOST; returns how many.
+  int MarkLost();
+
+  std::vector<v1::WorkerInfo> List() const;
+  int IdleCount() const;
+  // Reserves `n` IDLE workers for `job_id` (oldest first), or nothing if
+  // fewer are idle.
+  std::optional<std::vector<v1::WorkerInfo>> Acquire(int n, const std::string& job_id);
+  void SetStage(const std::string& worker_id, int stage);
+  // Returns the job's BUSY workers to IDLE.
+  void Release(const std::string& job_id);
+  bool IsLost(const std::string& worker_id) const;
+
+ private:
+  struct Entry {
+    v1::WorkerInfo info;
+    Clock::time_point last_heartbeat;
+    int64_t order = 0;
+  };
+  const std::chrono::milliseconds timeout_;
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> workers_;  // GUARDED_BY(mu_)
+  int64_t next_id_ = 1;
+};
+
+}  // namespace pipemare
+
+#endif  // PIPEMARE_COORDINATOR_WORKER_REGISTRY_H_

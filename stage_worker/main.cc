@@ -1,0 +1,148 @@
+// pipemare-worker: serves one pipeline stage at a time for a coordinator.
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+#include "common/signals.h"
+#include "stage_worker/worker_service.h"
+
+namespace {
+
+// "cpu" | "cuda" | "cuda:N" -> device, or an error message naming --device.
+absl::StatusOr<torch::Device> ParseDevice(const std::string& s) {
+  if (s == "cpu") return torch::Device(torch::kCPU);
+  if (s == "cuda" || s.rfind("cuda:", 0) == 0) {
+    if (!torch::cuda::is_available()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--device ", s, ": this LibTorch has no CUDA support or sees no GPU; use --device cpu "
+          "or run a CUDA build of the worker on a GPU host"));
+    }
+    int index = 0;
+    if (s.size() > 5) {
+      try {
+        index = std::stoi(s.substr(5));
+      } catch (...) {
+        return absl::InvalidArgumentError(absl::StrCat("--device ", s, ": expected cuda:N"));
+      }
+    }
+    if (index < 0 || index >= static_cast<int>(torch::cuda::device_count())) {
+      return absl::InvalidArgumentError(absl::StrCat("--device ", s, ": only ",
+                                                     torch::cuda::device_count(), " GPUs visible"));
+    }
+    return torch::Device(torch::kCUDA, index);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--device ", s, ": expected cpu, cuda or cuda:N"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pipemare-worker: serves pipeline stages for a Pipemare coordinator"};
+  std::string coordinator, listen = "0.0.0.0:0", advertise, device_flag = "cpu";
+  int threads = 1;
+  double lost_after = 10;
+  app.add_option("--coordinator", coordinator, "coordinator address host:port")->required();
+  app.add_option("--listen", listen, "address to serve the StageWorker service on (port 0 = any)");
+  app.add_option("--advertise", advertise,
+                 "address other workers and the coordinator use to reach this one "
+                 "(default: the --listen host with the bound port)");
+  app.add_option("--device", device_flag, "cpu, cuda or cuda:N");
+  app.add_option("--threads", threads, "LibTorch intra-op threads")->check(CLI::Range(1, 256));
+  app.add_option("--coordinator-timeout", lost_after,
+                 "seconds without reaching the coordinator before the current stage is dropped")
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  pipemare::BlockStopSignals();
+  auto device = ParseDevice(device_flag);
+  if (!device.ok()) {
+    std::cerr << "error: " << device.status().message() << std::endl;
+    return 2;
+  }
+  torch::set_num_threads(threads);
+
+  pipemare::WorkerService service(*device, "");
+  grpc::ServerBuilder builder;
+  int port = 0;
+  pipemare::ConfigureServer(builder, listen, &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::cerr << "error: --listen " << listen << ": cannot listen there (in use or bad address)"
+              << std::endl;
+    return 2;
+  }
+  if (advertise.empty()) {
+    advertise = pipemare::WithPort(listen, port);
+    if (advertise.rfind("0.0.0.0:", 0) == 0) {
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      advertise = pipemare::WithPort(host, port);
+    }
+  }
+  service.set_self_address(advertise);
+  std::cerr << "pipemare-worker serving on " << advertise << " (device " << device_flag
+            << ", threads " << threads << ")" << std::endl;
+
+  // Register, then heartbeat; re-register when the coordinator forgets us.
+  auto stub = pipemare::v1::Coordinator::NewStub(pipemare::MakeChannel(coordinator));
+  std::string worker_id;
+  int64_t interval_ms = 1000;
+  auto last_contact = std::chrono::steady_clock::now();
+  bool warned = false;
+  while (!pipemare::StopRequested()) {
+    if (worker_id.empty()) {
+      pipemare::v1::RegisterWorkerRequest req;
+      req.set_address(advertise);
+      req.set_device(device_flag);
+      req.set_threads(threads);
+      pipemare::v1::RegisterWorkerResponse resp;
+      auto ctx = pipemare::ContextWithDeadline(5);
+      grpc::Status st = stub->RegisterWorker(ctx.get(), req, &resp);
+      if (st.ok()) {
+        worker_id = resp.worker_id();
+        interval_ms = std::max<int64_t>(100, resp.heartbeat_interval_ms());
+        last_contact = std::chrono::steady_clock::now();
+        warned = false;
+        std::cerr << "registered with coordinator " << coordinator << " as " << worker_id
+                  << std::endl;
+      } else if (!warned) {
+        std::cerr << "cannot register with coordinator " << coordinator << ": "
+                  << st.error_message() << " (retrying)" << std::endl;
+        warned = true;
+      }
+    } else {
+      pipemare::v1::HeartbeatRequest req;
+      req.set_worker_id(worker_id);
+      pipemare::v1::HeartbeatResponse resp;
+      auto ctx = pipemare::ContextWithDeadline(5);
+      grpc::Status st = stub->Heartbeat(ctx.get(), req, &resp);
+      if (st.ok()) {
+        last_contact = std::chrono::steady_clock::now();
+      } else if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
+        std::cerr << "coordinator does not know " << worker_id << "; registering again"
+                  << std::endl;
+        service.ReleaseAll("the coordinator no longer knows this worker");
+        worker_id.clear();
+        continue;
+      }
+    }
+    if (std::chrono::steady_clock::now() - last_contact >
+        std::chrono::milliseconds(static_cast<int64_t>(lost_after * 1000))) {
+      service.ReleaseAll("coordinator unreachable");
+      worker_id.clear();
+      last_contact = std::chrono::steady_clock::now();
+    }
+    pipemare::WaitForStop(std::chrono::milliseconds(interval_ms));
+  }
+  std::cerr << "pipemare-worker stopping" << std::endl;
+  service.ReleaseAll("worker shutting down");
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}

@@ -1,0 +1,384 @@
+#include "stage_worker/stage_host.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+#include "pipeline/torch_codec.h"
+
+namespace pipemare {
+namespace {
+
+constexpr double kConnectSeconds = 10;
+
+}  // namespace
+
+StageHost::StageHost(const v1::StageAssignment& a, const std::string& self_address)
+    : assignment_(a), self_address_(self_address) {}
+
+absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssignment& a,
+                                                            torch::Device device,
+                                                            const std::string& self_address) {
+  auto runtime = StageRuntime::Create(a, device);
+  if (!runtime.ok()) return runtime.status();
+  std::shared_ptr<StageHost> host(new StageHost(a, self_address));
+  host->runtime_ = std::move(*runtime);
+  if (!host->runtime_->is_last()) {
+    if (a.downstream_address().empty()) {
+      return absl::InvalidArgumentError("downstream_address: required for every stage but the last");
+    }
+    auto channel = MakeChannel(a.downstream_address());
+    if (!channel->WaitForConnected(std::chrono::system_clock::now() +
+                                   std::chrono::milliseconds(int(kConnectSeconds * 1000)))) {
+      return absl::UnavailableError(absl::StrCat("cannot reach downstream stage ", a.stage() + 1,
+                                                 " at ", a.downstream_address()));
+    }
+    host->downstream_stub_ = v1::StageWorker::NewStub(channel);
+    host->downstream_ = host->downstream_stub_->Pipe(&host->downstream_context_);
+    v1::StageMessage open;
+    open.mutable_open()->set_job_id(a.job_id());
+    open.mutable_open()->set_role(v1::StreamOpen::PEER);
+    open.mutable_open()->set_from_stage(a.stage());
+    if (!host->downstream_->Write(open)) {
+      return absl::UnavailableError(absl::StrCat("downstream stage ", a.stage() + 1, " at ",
+                                                 a.downstream_address(),
+                                                 " closed the stream on open"));
+    }
+    host->downstream_reader_ = std::thread([h = host.get()] { h->DownstreamReadLoop(); });
+  }
+  host->compute_thread_ = std::thread([h = host.get()] { h->ComputeLoop(); });
+  return host;
+}
+
+StageHost::~StageHost() { Stop(); }
+
+void StageHost::Stop() {
+  if (stopping_.exchange(true)) {
+    // Someone else is stopping; still join if we own the threads.
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (upstream_context_) upstream_context_->TryCancel();
+    if (targets_context_) targets_context_->TryCancel();
+  }
+  cv_.notify_all();
+  if (downstream_) downstream_context_.TryCancel();
+  if (compute_thread_.joinable() && compute_thread_.get_id() != std::this_thread::get_id()) {
+    compute_thread_.join();
+  }
+  if (downstream_reader_.joinable() &&
+      downstream_reader_.get_id() != std::this_thread::get_id()) {
+    downstream_reader_.join();
+  }
+}
+
+grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
+                              const v1::StreamOpen& open) {
+  const int stage = assignment_.stage();
+  Side side = Side::kNone;
+  switch (open.role()) {
+    case v1::StreamOpen::PEER:
+      if (stage == 0 || open.from_stage() != stage - 1) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("open.from_stage: stage ", stage, " accepts a peer stream only from stage ",
+                                         stage - 1, ", not ", open.from_stage()));
+      }
+      side = Side::kUpstream;
+      break;
+    case v1::StreamOpen::INPUT_FEED:
+      if (stage != 0) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("open.role: INPUT_FEED goes to stage 0, this is stage ", stage));
+      }
+      side = Side::kUpstream;
+      break;
+    case v1::StreamOpen::TARGET_FEED:
+      if (!runtime_->is_last()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("open.role: TARGET_FEED goes to the last stage, this is stage ", stage));
+      }
+      side = Side::kTargets;
+      break;
+    default:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "open.role: must be PEER, INPUT_FEED or TARGET_FEED");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PipeStream*& slot = side == Side::kTargets ? targets_stream_ : upstream_;
+    if (slot != nullptr) {
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                          "this stage already has that stream attached");
+    }
+    if (stopping_) return grpc::Status(grpc::StatusCode::CANCELLED, "stage is stopping");
+    slot = stream;
+    (side == Side::kTargets ? targets_context_ : upstream_context_) = context;
+  }
+  v1::StageMessage msg;
+  std::string why;
+  while (!stopping_ && stream->Read(&msg)) {
+    if (msg.has_error()) {
+      Fail(msg.error().message(), side);
+      break;
+    }
+    if (side == Side::kTargets) {
+      if (!msg.has_targets()) {
+        why = "the target feed may only carry targets";
+        break;
+      }
+      auto t = ToTorch(msg.targets());
+      if (!t.ok()) {
+        why = absl::StrCat("targets of microbatch ", msg.microbatch(), ": ", t.status().message());
+        break;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      targets_[msg.microbatch()] = *t;
+    } else {
+      if (!msg.has_activation()) {
+        why = "an upstream stream may only carry activations";
+        break;
+      }
+      auto t = ToTorch(msg.activation());
+      if (!t.ok()) {
+        why = absl::StrCat("activation of microbatch ", msg.microbatch(), ": ", t.status().message());
+        break;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      activations_.push_back(Event{false, msg.microbatch(), msg.phase(), *t});
+    }
+    cv_.notify_all();
+  }
+  if (!why.empty()) {
+    Fail(absl::StrCat("stage ", stage, " (", self_address_, "): bad message: ", why), side);
+  } else if (!stopping_ && !failed_) {
+    Fail(absl::StrCat("stage ", stage, " (", self_address_, "): lost its ",
+                      side == Side::kTargets ? "target feed from the coordinator"
+                      : stage == 0           ? "input feed from the coordinator"
+                                             : absl::StrCat("upstream stage ", stage - 1)),
+         side);
+  }
+  {
+    std::lock_guard<std::mutex> write_lock(write_mu_);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (side == Side::kTargets) {
+      targets_stream_ = nullptr;
+      targets_context_ = nullptr;
+    } else {
+      upstream_ = nullptr;
+      upstream_context_ = nullptr;
+    }
+  }
+  cv_.notify_all();
+  if (!why.empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, why);
+  return grpc::Status::OK;
+}
+
+void StageHost::DownstreamReadLoop() {
+  v1::StageMessage msg;
+  while (downstream_->Read(&msg)) {
+    if (msg.has_error()) {
+      Fail(msg.error().message(), Side::kDownstream);
+      break;
+    }
+    if (!msg.has_gradient()) {
+      Fail(absl::StrCat("stage ", assignment_.stage(), ": downstream sent something that is not a gradient"),
+           Side::kDownstream);
+      break;
+    }
+    auto t = ToTorch(msg.gradient());
+    if (!t.ok()) {
+      Fail(absl::StrCat("stage ", assignment_.stage(), ": gradient of microbatch ", msg.microbatch(),
+                        ": ", t.status().message()));
+      break;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gradients_.push_back(Event{true, msg.microbatch(), v1::TRAIN, *t});
+    }
+    cv_.notify_all();
+  }
+  if (!stopping_ && !failed_) {
+    grpc::Status st = downstream_->Finish();
+    Fail(absl::StrCat("stage ", assignment_.stage(), " (", self_address_,
+                      "): lost downstream stage ", assignment_.stage() + 1, " at ",
+                      assignment_.downstream_address(),
+                      st.ok() ? "" : absl::StrCat(": ", st.error_message())),
+         Side::kDownstream);
+  }
+}
+
+bool StageHost::NextEvent(Event* event) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool last = runtime_->is_last();
+  auto ready_activation = [&]() -> std::deque<Event>::iterator {
+    for (auto it = activations_.begin(); it != activations_.end(); ++it) {
+      if (!last || targets_.count(it->microbatch)) return it;
+    }
+    return activations_.end();
+  };
+  while (!stopping_) {
+    // 1F1B: a ready backward goes before a forward (pipemare); gpipe runs
+    // forwards first. Order within each kind is arrival order.
+    const bool forwards_first = runtime_->schedule() == ScheduleKind::kGPipe;
+    auto act = ready_activation();
+    const bool have_act = act != activations_.end();
+    const bool have_grad = !gradients_.empty();
+    if (have_grad && (!forwards_first || !have_act)) {
+      *event = std::move(gradients_.front());
+      gradients_.pop_front();
+      return true;
+    }
+    if (have_act) {
+      *event = std::move(*act);
+      activations_.erase(act);
+      return true;
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(200));
+  }
+  return false;
+}
+
+void StageHost::ComputeLoop() {
+  Event event;
+  while (!stopping_ && !failed_ && NextEvent(&event)) {
+    absl::Status st = Process(event);
+    if (!st.ok()) {
+      Fail(absl::StrCat("stage ", assignment_.stage(), " (", self_address_, "): ", st.message()));
+      return;
+    }
+  }
+}
+
+absl::Status StageHost::Process(const Event& event) {
+  if (event.gradient) {
+    if (runtime_->is_last()) return absl::InvalidArgumentError("the last stage got a gradient");
+    return BackwardAndSendUp(event.microbatch, event.tensor);
+  }
+  return HandleActivation(event);
+}
+
+absl::Status StageHost::HandleActivation(const Event& event) {
+  const bool train = event.phase != v1::EVAL;
+  if (!runtime_->is_last()) {
+    auto out = runtime_->Forward(event.microbatch, event.tensor, train);
+    if (!out.ok()) return out.status();
+    v1::StageMessage msg;
+    msg.set_microbatch(event.microbatch);
+    msg.set_phase(event.phase);
+    auto wire = FromTorch(*out);
+    if (!wire.ok()) return wire.status();
+    *msg.mutable_activation() = std::move(*wire);
+    return Send(Side::kDownstream, msg);
+  }
+  torch::Tensor targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = targets_.find(event.microbatch);
+    targets = it->second;
+    targets_.erase(it);
+  }
+  auto result = runtime_->ForwardLoss(event.microbatch, event.tensor, targets, train);
+  if (!result.ok()) return result.status();
+  v1::StageMessage msg;
+  msg.set_microbatch(event.microbatch);
+  msg.set_phase(event.phase);
+  msg.mutable_result()->set_loss(result->loss);
+  msg.mutable_result()->set_correct(result->correct);
+  msg.mutable_result()->set_count(result->count);
+  if (auto st = Send(Side::kTargets, msg); !st.ok()) return st;
+  if (!train) return absl::OkStatus();
+  if (runtime_->schedule() == ScheduleKind::kPipeMare) {
+    return BackwardAndSendUp(event.microbatch, torch::Tensor());
+  }
+  // gpipe: all N forwards of the step, then the N backwards.
+  deferred_backwards_.push_back(event.microbatch);
+  if (static_cast<int>(deferred_backwards_.size()) < runtime_->microbatches_per_step()) {
+    return absl::OkStatus();
+  }
+  std::vector<uint64_t> todo;
+  todo.swap(deferred_backwards_);
+  for (uint64_t mb : todo) {
+    if (auto st = BackwardAndSendUp(mb, torch::Tensor()); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageHost::BackwardAndSendUp(uint64_t microbatch, const torch::Tensor& grad_output) {
+  auto grad_input = runtime_->Backward(microbatch, grad_output);
+  if (!grad_input.ok()) return grad_input.status();
+  v1::StageMessage msg;
+  msg.set_microbatch(microbatch);
+  msg.set_phase(v1::TRAIN);
+  if (runtime_->is_first()) {
+    msg.mutable_done();
+  } else {
+    auto wire = FromTorch(*grad_input);
+    if (!wire.ok()) return wire.status();
+    *msg.mutable_gradient() = std::move(*wire);
+  }
+  return Send(Side::kUpstream, msg);
+}
+
+absl::Status StageHost::Send(Side side, const v1::StageMessage& message) {
+  std::lock_guard<std::mutex> write_lock(write_mu_);
+  bool ok = false;
+  if (side == Side::kDownstream) {
+    if (!downstream_) return absl::FailedPreconditionError("no downstream stage");
+    ok = downstream_->Write(message);
+  } else {
+    PipeStream* stream;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stream = side == Side::kTargets ? targets_stream_ : upstream_;
+    }
+    if (stream == nullptr) {
+      return absl::UnavailableError(side == Side::kTargets ? "the target feed is not connected"
+                                                           : "the upstream side is not connected");
+    }
+    // The handler that owns `stream` unregisters it under write_mu_, so it
+    // stays valid while we hold the lock.
+    ok = stream->Write(message);
+  }
+  if (!ok) {
+    return absl::UnavailableError(side == Side::kDownstream
+                                      ? absl::StrCat("lost downstream stage ", assignment_.stage() + 1,
+                                                     " at ", assignment_.downstream_address())
+                                      : "lost the upstream stream");
+  }
+  return absl::OkStatus();
+}
+
+void StageHost::Fail(const std::string& message, Side from) {
+  if (failed_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = message;
+  }
+  std::cerr << "job " << assignment_.job_id() << " stage " << assignment_.stage()
+            << " failed: " << message << std::endl;
+  v1::StageMessage msg;
+  msg.mutable_error()->set_message(message);
+  for (Side side : {Side::kUpstream, Side::kDownstream, Side::kTargets}) {
+    if (side == from) continue;
+    if (side == Side::kDownstream && !downstream_) continue;
+    Send(side, msg).IgnoreError();
+  }
+  cv_.notify_all();
+}
+
+v1::StageStatusResponse StageHost::Status() const {
+  StageStats s = runtime_->Stats();
+  v1::StageStatusResponse r;
+  r.set_job_id(assignment_.job_id());
+  r.set_stage(assignment_.stage());
+  r.set_steps(s.steps);
+  r.set_forwards(s.forwards);
+  r.set_backwards(s.backwards);
+  r.set_measured_delay(s.measured_delay);
+  r.set_learning_rate(s.learning_rate);
+  std::lock_guard<std::mutex> lock(mu_);
+  r.set_error(error_);
+  return r;
+}
+
+}  // namespace pipemare

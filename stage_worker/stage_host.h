@@ -1,0 +1,120 @@
+// StageHost: runs one stage assignment on a worker. It owns the stage runtime,
+// the stream to the downstream stage, and the compute thread that executes the
+// schedule; gRPC handler threads hand it incoming streams (from the upstream
+// stage or the coordinator's feeds).
+//
+// Threads:
+//   - compute thread: pops activations/gradients from the inbox, calls the
+//     runtime, writes results to the right stream. The only caller of the
+//     runtime's mutators.
+//   - downstream reader: reads gradients coming back from stage i+1.
+//   - gRPC handler threads (one per incoming stream): read activations (or
+//     targets) into the inbox.
+// Any failure (a broken stream, a bad tensor, a LibTorch error) marks the host
+// failed, tells both neighbours with a StageError so the failure reaches the
+// coordinator's feeds at once, and stops the compute thread.
+#ifndef PIPEMARE_STAGE_WORKER_STAGE_HOST_H_
+#define PIPEMARE_STAGE_WORKER_STAGE_HOST_H_
+
+#include <grpcpp/grpcpp.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "pipeline/stage_runtime.h"
+#include "pipemare/v1/pipemare.grpc.pb.h"
+
+namespace pipemare {
+
+using PipeStream = grpc::ServerReaderWriter<v1::StageMessage, v1::StageMessage>;
+
+class StageHost {
+ public:
+  // Builds the stage and, unless it is the last, opens the stream to
+  // a.downstream_address() (which must already have its stage loaded).
+  // `self_address` only labels error messages.
+  static absl::StatusOr<std::shared_ptr<StageHost>> Start(const v1::StageAssignment& a,
+                                                          torch::Device device,
+                                                          const std::string& self_address);
+  ~StageHost();
+  StageHost(const StageHost&) = delete;
+  StageHost& operator=(const StageHost&) = delete;
+
+  const std::string& job_id() const { return assignment_.job_id(); }
+
+  // Serves an incoming stream whose first message, `open`, was already read.
+  // Returns when the stream ends or the host stops.
+  grpc::Status Serve(grpc::ServerContext* context, PipeStream* stream,
+                     const v1::StreamOpen& open);
+
+  // Stops threads and cancels every stream. Idempotent; safe from any thread
+  // except the host's own.
+  void Stop();
+
+  bool failed() const { return failed_.load(); }
+  v1::StageStatusResponse Status() const;
+  StageStats Stats() const { return runtime_->Stats(); }
+
+ private:
+  explicit StageHost(const v1::StageAssignment& a, const std::string& self_address);
+
+  struct Event {
+    bool gradient = false;  // else an activation
+    uint64_t microbatch = 0;
+    v1::Phase phase = v1::TRAIN;
+    torch::Tensor tensor;
+  };
+  enum class Side { kNone, kUpstream, kDownstream, kTargets };
+
+  void ComputeLoop();
+  void DownstreamReadLoop();
+  bool NextEvent(Event* event);
+  absl::Status Process(const Event& event);
+  absl::Status HandleActivation(const Event& event);
+  absl::Status BackwardAndSendUp(uint64_t microbatch, const torch::Tensor& grad_output);
+  // Writes to one side; an error if that side is not connected or broke.
+  absl::Status Send(Side side, const v1::StageMessage& message);
+  // Marks the host failed with `message`; tells every side but `from`.
+  void Fail(const std::string& message, Side from = Side::kNone);
+
+  const v1::StageAssignment assignment_;
+  const std::string self_address_;
+  std::unique_ptr<StageRuntime> runtime_;
+
+  // Downstream stream (client side), opened in Start().
+  std::unique_ptr<v1::StageWorker::Stub> downstream_stub_;
+  grpc::ClientContext downstream_context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StageMessage, v1::StageMessage>> downstream_;
+
+  // Incoming streams; guarded by mu_. Null when not attached.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  PipeStream* upstream_ = nullptr;
+  grpc::ServerContext* upstream_context_ = nullptr;
+  PipeStream* targets_stream_ = nullptr;
+  grpc::ServerContext* targets_context_ = nullptr;
+  std::deque<Event> activations_;
+  std::deque<Event> gradients_;
+  std::map<uint64_t, torch::Tensor> targets_;
+  std::string error_;
+  std::mutex write_mu_;  // one writer at a time per host keeps ordering simple
+
+  std::vector<uint64_t> deferred_backwards_;  // gpipe, last stage; compute thread only
+
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> failed_{false};
+  std::thread compute_thread_;
+  std::thread downstream_reader_;
+};
+
+}  // namespace pipemare
+
+#endif  // PIPEMARE_STAGE_WORKER_STAGE_HOST_H_

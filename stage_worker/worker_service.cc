@@ -1,0 +1,102 @@
+#include "stage_worker/worker_service.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+
+namespace pipemare {
+
+std::shared_ptr<StageHost> WorkerService::Current(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (host_ && host_->job_id() == job_id) return host_;
+  return nullptr;
+}
+
+grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssignment* request,
+                                      v1::LoadStageResponse* response) {
+  if (request->job_id().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
+  }
+  std::shared_ptr<StageHost> old;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (host_ && !host_->failed() && host_->job_id() != request->job_id()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("worker is busy with job ", host_->job_id(),
+                                       "; release it first"));
+    }
+    old = std::move(host_);
+  }
+  if (old) old->Stop();
+  auto host = StageHost::Start(*request, device_, self_address_);
+  if (!host.ok()) return ToGrpc(host.status());
+  const StageStats stats = (*host)->Stats();
+  response->set_parameters(stats.parameters);
+  response->set_analytic_delay(stats.analytic_delay);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    host_ = *host;
+  }
+  std::cerr << "loaded job " << request->job_id() << " stage " << request->stage() << "/"
+            << request->num_stages() << " units [" << request->first_unit() << ", "
+            << request->first_unit() + request->units() << ")" << std::endl;
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Pipe(grpc::ServerContext* context, PipeStream* stream) {
+  v1::StageMessage first;
+  if (!stream->Read(&first)) return grpc::Status::OK;
+  if (!first.has_open()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "open: the first message of a Pipe stream must be a StreamOpen");
+  }
+  auto host = Current(first.open().job_id());
+  if (!host) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("open.job_id: this worker has no stage of job '",
+                                     first.open().job_id(), "'"));
+  }
+  return host->Serve(context, stream, first.open());
+}
+
+grpc::Status WorkerService::GetStageStatus(grpc::ServerContext*,
+                                           const v1::StageStatusRequest* request,
+                                           v1::StageStatusResponse* response) {
+  auto host = Current(request->job_id());
+  if (!host) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("job_id: no stage of job '", request->job_id(), "' here"));
+  }
+  *response = host->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::ReleaseStage(grpc::ServerContext*,
+                                         const v1::ReleaseStageRequest* request,
+                                         v1::ReleaseStageResponse*) {
+  std::shared_ptr<StageHost> host;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (host_ && host_->job_id() == request->job_id()) host = std::move(host_);
+  }
+  if (host) {
+    host->Stop();
+    std::cerr << "released job " << request->job_id() << std::endl;
+  }
+  return grpc::Status::OK;  // releasing what is not here is a no-op
+}
+
+void WorkerService::ReleaseAll(const std::string& why) {
+  std::shared_ptr<StageHost> host;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    host = std::move(host_);
+  }
+  if (host) {
+    std::cerr << "dropping job " << host->job_id() << ": " << why << std::endl;
+    host->Stop();
+  }
+}
+
+}  // namespace pipemare

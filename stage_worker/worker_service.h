@@ -1,0 +1,43 @@
+// The StageWorker gRPC service: thin handlers over the worker's one StageHost.
+// A worker serves at most one stage at a time.
+#ifndef PIPEMARE_STAGE_WORKER_WORKER_SERVICE_H_
+#define PIPEMARE_STAGE_WORKER_WORKER_SERVICE_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "pipemare/v1/pipemare.grpc.pb.h"
+#include "stage_worker/stage_host.h"
+
+namespace pipemare {
+
+class WorkerService final : public v1::StageWorker::Service {
+ public:
+  WorkerService(torch::Device device, std::string self_address)
+      : device_(device), self_address_(std::move(self_address)) {}
+
+  grpc::Status LoadStage(grpc::ServerContext* context, const v1::StageAssignment* request,
+                         v1::LoadStageResponse* response) override;
+  grpc::Status Pipe(grpc::ServerContext* context, PipeStream* stream) override;
+  grpc::Status GetStageStatus(grpc::ServerContext* context, const v1::StageStatusRequest* request,
+                              v1::StageStatusResponse* response) override;
+  grpc::Status ReleaseStage(grpc::ServerContext* context, const v1::ReleaseStageRequest* request,
+                            v1::ReleaseStageResponse* response) override;
+
+  // Drops the current stage, whatever its job (coordinator lost, shutdown).
+  void ReleaseAll(const std::string& why);
+  void set_self_address(const std::string& a) { self_address_ = a; }
+
+ private:
+  std::shared_ptr<StageHost> Current(const std::string& job_id);
+
+  const torch::Device device_;
+  std::string self_address_;
+  std::mutex mu_;
+  std::shared_ptr<StageHost> host_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace pipemare
+
+#endif  // PIPEMARE_STAGE_WORKER_WORKER_SERVICE_H_
