@@ -1,0 +1,187 @@
+#include "client/commands.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "client/follow.h"
+#include "client/format.h"
+#include "common/rpc.h"
+#include "pipeline/job_spec.h"
+
+namespace pipemare::client {
+namespace {
+
+int64_t NowUnixMs() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Prints a whole message as JSON on stdout.
+void PrintJson(const google::protobuf::Message& message) {
+  std::fputs(ToJson(message).c_str(), stdout);
+  std::fflush(stdout);
+}
+
+void PrintText(const std::string& text) {
+  std::fputs(text.c_str(), stdout);
+  if (!text.empty() && text.back() != '\n') std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+// Follows `job_id` like `watch`; stops watching (the job keeps running) on
+// SIGINT/SIGTERM.
+int Follow(v1::Coordinator::Stub& stub, const GlobalOptions& options,
+           const std::string& job_id) {
+  InstallInterruptHandlers();
+  FollowOptions follow;
+  follow.address = options.coordinator;
+  follow.output = options.output;
+  FollowResult result = FollowJob(stub, job_id, follow);
+  if (result.outcome == FollowOutcome::kInterrupted) {
+    std::fprintf(stderr,
+                 "interrupted: stopped watching %s; it keeps running "
+                 "(pipemarectl cancel %s stops it)\n",
+                 job_id.c_str(), job_id.c_str());
+  }
+  return result.exit_code;
+}
+
+}  // namespace
+
+std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(const std::string& address) {
+  return v1::Coordinator::NewStub(MakeChannel(address));
+}
+
+int ReportRpcError(const grpc::Status& status, const std::string& address) {
+  const std::string message(FromGrpc(status).message());
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      std::fprintf(stderr,
+                   "error: cannot reach coordinator at %s (is it running? set "
+                   "--coordinator or PIPEMARE_COORDINATOR): %s\n",
+                   address.c_str(), message.c_str());
+      return kExitFailed;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      std::fprintf(stderr, "error: %s\n", message.c_str());
+      return kExitBadInput;
+    default:
+      std::fprintf(stderr, "error: %s\n", message.c_str());
+      return kExitFailed;
+  }
+}
+
+absl::StatusOr<v1::JobSpec> LoadValidSpec(const std::string& path) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(path);
+  absl::Status status = spec.status();
+  if (status.ok()) {
+    ApplyJobSpecDefaults(*spec);
+    status = ValidateJobSpec(*spec);
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
+    return status;
+  }
+  return spec;
+}
+
+void PrintJobStatus(const v1::JobStatus& job, OutputFormat output) {
+  if (output == OutputFormat::kJson) {
+    PrintJson(job);
+  } else {
+    PrintText(RenderJobStatus(job));
+  }
+}
+
+int RunSubmit(const GlobalOptions& options, const std::string& file, bool wait) {
+  absl::StatusOr<v1::JobSpec> spec = LoadValidSpec(file);
+  if (!spec.ok()) return kExitBadInput;
+
+  auto stub = ConnectCoordinator(options.coordinator);
+  auto context = ContextWithDeadline(kRpcDeadlineSeconds);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = *std::move(spec);
+  v1::SubmitJobResponse response;
+  grpc::Status status = stub->SubmitJob(context.get(), request, &response);
+  if (!status.ok()) return ReportRpcError(status, options.coordinator);
+
+  const v1::JobStatus& job = response.job();
+  if (!wait) {
+    if (options.output == OutputFormat::kJson) {
+      PrintJson(job);
+    } else {
+      PrintText(RenderSubmitted(job));
+    }
+    return kExitOk;
+  }
+  // With --wait, stdout is the watch's (one JSON document at the end for
+  // JSON output); the submission note goes to stderr.
+  std::fprintf(stderr, "%s\n", RenderSubmitted(job).c_str());
+  return Follow(*stub, options, job.id());
+}
+
+int RunStatus(const GlobalOptions& options, const std::string& job_id) {
+  auto stub = ConnectCoordinator(options.coordinator);
+  auto context = ContextWithDeadline(kRpcDeadlineSeconds);
+  v1::GetJobRequest request;
+  request.set_id(job_id);
+  v1::JobStatus job;
+  grpc::Status status = stub->GetJob(context.get(), request, &job);
+  if (!status.ok()) return ReportRpcError(status, options.coordinator);
+  PrintJobStatus(job, options.output);
+  return kExitOk;
+}
+
+int RunList(const GlobalOptions& options) {
+  auto stub = ConnectCoordinator(options.coordinator);
+  auto context = ContextWithDeadline(kRpcDeadlineSeconds);
+  v1::ListJobsResponse response;
+  grpc::Status status =
+      stub->ListJobs(context.get(), v1::ListJobsRequest(), &response);
+  if (!status.ok()) return ReportRpcError(status, options.coordinator);
+  if (options.output == OutputFormat::kJson) {
+    PrintJson(response);
+  } else {
+    PrintText(RenderJobList(response));
+  }
+  return kExitOk;
+}
+
+int RunWatch(const GlobalOptions& options, const std::string& job_id) {
+  auto stub = ConnectCoordinator(options.coordinator);
+  return Follow(*stub, options, job_id);
+}
+
+int RunCancel(const GlobalOptions& options, const std::string& job_id) {
+  auto stub = ConnectCoordinator(options.coordinator);
+  auto context = ContextWithDeadline(kRpcDeadlineSeconds);
+  v1::CancelJobRequest request;
+  request.set_id(job_id);
+  v1::JobStatus job;
+  grpc::Status status = stub->CancelJob(context.get(), request, &job);
+  if (!status.ok()) return ReportRpcError(status, options.coordinator);
+  if (options.output == OutputFormat::kJson) {
+    PrintJson(job);
+  } else {
+    PrintText(RenderFinalState(job));
+  }
+  return kExitOk;
+}
+
+int RunWorkers(const GlobalOptions& options) {
+  auto stub = ConnectCoordinator(options.coordinator);
+  auto context = ContextWithDeadline(kRpcDeadlineSeconds);
+  v1::ListWorkersResponse response;
+  grpc::Status status =
+      stub->ListWorkers(context.get(), v1::ListWorkersRequest(), &response);
+  if (!status.ok()) return ReportRpcError(status, options.coordinator);
+  if (options.output == OutputFormat::kJson) {
+    PrintJson(response);
+  } else {
+    PrintText(RenderWorkers(response, NowUnixMs()));
+  }
+  return kExitOk;
+}
+
+}  // namespace pipemare::client

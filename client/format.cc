@@ -1,0 +1,427 @@
+#include "client/format.h"
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace pipemare::client {
+namespace {
+
+constexpr int kBarWidth = 20;
+constexpr size_t kReasonWidth = 40;
+
+double MonotonicSeconds() {
+  using Clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+int64_t NowUnixMs() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string OrDash(const std::string& text) { return text.empty() ? "-" : text; }
+
+std::string Percent(double fraction) {
+  return Format("%.1f%%", fraction * 100.0);
+}
+
+// Test accuracy is meaningful only once an epoch has finished.
+std::string AccuracyCell(const v1::JobStatus& job) {
+  return job.epochs_size() > 0 ? Percent(job.metrics().test_accuracy()) : "-";
+}
+
+// Train loss is meaningful only once a step has been done.
+std::string LossCell(const v1::JobStatus& job) {
+  return job.progress().step() > 0 ? Format("%.4f", job.metrics().train_loss())
+                                   : "-";
+}
+
+std::string EpochCell(const v1::JobStatus& job) {
+  return Format("%d/%d", job.progress().epoch(), job.progress().epochs());
+}
+
+std::string StepCell(const v1::JobStatus& job) {
+  return Format("%lld/%lld", static_cast<long long>(job.progress().step()),
+                static_cast<long long>(job.progress().total_steps()));
+}
+
+std::string UnitsCell(const v1::StageStatus& stage) {
+  if (stage.units() <= 0) return "-";
+  if (stage.units() == 1) return Format("%d", stage.first_unit());
+  return Format("%d..%d", stage.first_unit(),
+                stage.first_unit() + stage.units() - 1);
+}
+
+// Seconds the job has run: the coordinator's figure, or from the timestamps.
+double ElapsedSeconds(const v1::JobStatus& job) {
+  if (job.metrics().elapsed_seconds() > 0) return job.metrics().elapsed_seconds();
+  if (job.started_unix_ms() <= 0) return 0;
+  int64_t end = job.finished_unix_ms() > 0 ? job.finished_unix_ms() : NowUnixMs();
+  return std::max<int64_t>(0, end - job.started_unix_ms()) / 1000.0;
+}
+
+std::string ProgressBar(const v1::JobStatus& job) {
+  double fraction = 0;
+  if (job.progress().total_steps() > 0) {
+    fraction = static_cast<double>(job.progress().step()) /
+               static_cast<double>(job.progress().total_steps());
+  }
+  if (job.state() == v1::SUCCEEDED) fraction = 1;
+  fraction = std::clamp(fraction, 0.0, 1.0);
+  int filled = static_cast<int>(std::lround(fraction * kBarWidth));
+  return absl::StrCat("[", std::string(filled, '#'),
+                      std::string(kBarWidth - filled, '.'), "]");
+}
+
+std::string EpochLine(const v1::JobStatus& job, const v1::EpochResult& epoch) {
+  return Format("%s epoch %d/%d done: train loss %.4f  test loss %.4f  "
+                "test accuracy %s  (%.1f s)",
+                job.id().c_str(), epoch.epoch(), job.progress().epochs(),
+                epoch.train_loss(), epoch.test_loss(),
+                Percent(epoch.test_accuracy()).c_str(), epoch.seconds());
+}
+
+// Terminal width for `out`, or 0 if it is not a terminal.
+size_t TerminalWidth(FILE* out) {
+  struct winsize size {};
+  if (ioctl(fileno(out), TIOCGWINSZ, &size) == 0 && size.ws_col > 0) {
+    return size.ws_col;
+  }
+  return 0;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// TextTable
+
+TextTable::TextTable(std::vector<std::string> header)
+    : header_(std::move(header)), right_(header_.size(), false) {}
+
+void TextTable::AlignRight(int column) {
+  if (column >= 0 && column < static_cast<int>(right_.size())) {
+    right_[column] = true;
+  }
+}
+
+void TextTable::AddRow(std::vector<std::string> cells) {
+  cells.resize(header_.size());
+  rows_.push_back(std::move(cells));
+}
+
+std::string TextTable::Render() const {
+  const size_t columns = header_.size();
+  std::vector<size_t> width(columns, 0);
+  auto measure = [&](const std::vector<std::string>& row) {
+    for (size_t c = 0; c < columns; ++c) width[c] = std::max(width[c], row[c].size());
+  };
+  measure(header_);
+  for (const auto& row : rows_) measure(row);
+
+  std::string out;
+  auto emit = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t c = 0; c < columns; ++c) {
+      if (c > 0) line += "  ";
+      std::string pad(width[c] - row[c].size(), ' ');
+      line += right_[c] ? pad + row[c] : row[c] + pad;
+    }
+    line.erase(line.find_last_not_of(' ') + 1);
+    out += line;
+    out += '\n';
+  };
+  bool has_header = std::any_of(header_.begin(), header_.end(),
+                                [](const std::string& h) { return !h.empty(); });
+  if (has_header) emit(header_);
+  for (const auto& row : rows_) emit(row);
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Small formatters
+
+std::string Format(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  va_list copy;
+  va_copy(copy, args);
+  int size = std::vsnprintf(nullptr, 0, format, copy);
+  va_end(copy);
+  std::string out;
+  if (size > 0) {
+    out.resize(static_cast<size_t>(size) + 1);
+    std::vsnprintf(out.data(), out.size(), format, args);
+    out.resize(static_cast<size_t>(size));
+  }
+  va_end(args);
+  return out;
+}
+
+std::string FormatDuration(double seconds) {
+  if (!(seconds >= 0) || !std::isfinite(seconds)) return "-";
+  auto total = static_cast<long long>(std::llround(seconds));
+  long long hours = total / 3600, minutes = (total / 60) % 60, secs = total % 60;
+  if (hours > 0) return Format("%lld:%02lld:%02lld", hours, minutes, secs);
+  return Format("%lld:%02lld", minutes, secs);
+}
+
+std::string Truncate(const std::string& text, size_t width) {
+  if (text.size() <= width) return text;
+  if (width <= 3) return text.substr(0, width);
+  return text.substr(0, width - 3) + "...";
+}
+
+std::string StateName(v1::JobState state) { return v1::JobState_Name(state); }
+
+std::string WorkerStateName(v1::WorkerState state) {
+  return v1::WorkerState_Name(state);
+}
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED ||
+         state == v1::CANCELLED;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) {
+    return absl::StrCat("{\"error\": \"cannot render JSON: ",
+                        std::string(status.message()), "\"}\n");
+  }
+  if (json.empty() || json.back() != '\n') json += '\n';
+  return json;
+}
+
+// ---------------------------------------------------------------------------
+// Views
+
+std::string RenderEpochTable(const v1::JobStatus& job) {
+  if (job.epochs_size() == 0) return "";
+  TextTable table({"EPOCH", "TRAIN-LOSS", "TEST-LOSS", "TEST-ACC", "SECONDS"});
+  for (int c = 0; c < 5; ++c) table.AlignRight(c);
+  for (const auto& epoch : job.epochs()) {
+    table.AddRow({Format("%d", epoch.epoch()), Format("%.4f", epoch.train_loss()),
+                  Format("%.4f", epoch.test_loss()), Percent(epoch.test_accuracy()),
+                  Format("%.1f", epoch.seconds())});
+  }
+  return table.Render();
+}
+
+std::string RenderJobStatus(const v1::JobStatus& job) {
+  const auto& progress = job.progress();
+  const auto& metrics = job.metrics();
+
+  TextTable summary({"", ""});
+  summary.AddRow({"ID", job.id()});
+  summary.AddRow({"NAME", job.name()});
+  summary.AddRow({"STATE", StateName(job.state())});
+  summary.AddRow({"REASON", OrDash(job.reason())});
+  summary.AddRow({"SCHEDULE", OrDash(job.schedule())});
+  std::string progress_text =
+      Format("epoch %d/%d, step %lld/%lld", progress.epoch(), progress.epochs(),
+             static_cast<long long>(progress.step()),
+             static_cast<long long>(progress.total_steps()));
+  if (progress.total_steps() > 0) {
+    progress_text += Format(" (%.0f%%)", 100.0 * progress.step() /
+                                             progress.total_steps());
+  }
+  summary.AddRow({"PROGRESS", progress_text});
+  summary.AddRow({"METRICS",
+                  Format("train loss %s, test accuracy %s, %.0f samples/s",
+                         LossCell(job).c_str(), AccuracyCell(job).c_str(),
+                         metrics.samples_per_second())});
+  std::string elapsed = FormatDuration(ElapsedSeconds(job));
+  if (job.state() == v1::RUNNING && metrics.eta_seconds() > 0) {
+    elapsed += absl::StrCat(" (ETA ", FormatDuration(metrics.eta_seconds()), ")");
+  }
+  summary.AddRow({"ELAPSED", elapsed});
+
+  std::string out = summary.Render();
+
+  if (job.stages_size() > 0) {
+    TextTable stages({"STAGE", "WORKER", "ADDRESS", "UNITS", "PARAMS", "TAU",
+                      "MEASURED-TAU", "LR"});
+    for (int c : {0, 4, 5, 6, 7}) stages.AlignRight(c);
+    for (const auto& stage : job.stages()) {
+      stages.AddRow({Format("%d", stage.index()), OrDash(stage.worker_id()),
+                     OrDash(stage.worker_address()), UnitsCell(stage),
+                     Format("%lld", static_cast<long long>(stage.parameters())),
+                     Format("%d", stage.analytic_delay()),
+                     Format("%.2f", stage.measured_delay()),
+                     Format("%.6g", stage.learning_rate())});
+    }
+    out += "\n" + stages.Render();
+  }
+
+  std::string epochs = RenderEpochTable(job);
+  if (!epochs.empty()) out += "\n" + epochs;
+  return out;
+}
+
+std::string RenderJobList(const v1::ListJobsResponse& jobs) {
+  TextTable table({"ID", "NAME", "STATE", "SCHEDULE", "EPOCH", "STEP", "LOSS",
+                   "ACC", "REASON"});
+  for (int c : {4, 5, 6, 7}) table.AlignRight(c);
+  for (const auto& job : jobs.jobs()) {
+    table.AddRow({job.id(), job.name(), StateName(job.state()),
+                  OrDash(job.schedule()), EpochCell(job), StepCell(job),
+                  LossCell(job), AccuracyCell(job),
+                  Truncate(job.reason(), kReasonWidth)});
+  }
+  return table.Render();
+}
+
+std::string RenderWorkers(const v1::ListWorkersResponse& workers,
+                          int64_t now_unix_ms) {
+  TextTable table({"ID", "ADDRESS", "DEVICE", "THREADS", "STATE", "JOB",
+                   "STAGE", "LAST-HEARTBEAT"});
+  for (int c : {3, 6, 7}) table.AlignRight(c);
+  for (const auto& worker : workers.workers()) {
+    bool assigned = !worker.job_id().empty();
+    std::string age = "-";
+    if (worker.last_heartbeat_unix_ms() > 0) {
+      double seconds =
+          std::max<int64_t>(0, now_unix_ms - worker.last_heartbeat_unix_ms()) / 1000.0;
+      age = Format("%.1fs ago", seconds);
+    }
+    table.AddRow({worker.id(), worker.address(), OrDash(worker.device()),
+                  Format("%d", worker.threads()), WorkerStateName(worker.state()),
+                  assigned ? worker.job_id() : "-",
+                  assigned ? Format("%d", worker.stage()) : "-", age});
+  }
+  return table.Render();
+}
+
+std::string RenderSubmitted(const v1::JobStatus& job) {
+  return Format("submitted %s (%s), state %s", job.id().c_str(),
+                job.name().c_str(), StateName(job.state()).c_str());
+}
+
+std::string RenderFinalState(const v1::JobStatus& job) {
+  std::string line = absl::StrCat(job.id(), " ", StateName(job.state()));
+  if (!job.reason().empty()) absl::StrAppend(&line, ": ", job.reason());
+  return line;
+}
+
+std::string RenderProgressLine(const v1::JobStatus& job, bool with_bar) {
+  std::string line = absl::StrCat(job.id(), " ", StateName(job.state()));
+  if (job.state() == v1::PENDING || job.state() == v1::JOB_STATE_UNSPECIFIED) {
+    if (!job.reason().empty()) absl::StrAppend(&line, " (", job.reason(), ")");
+    return line;
+  }
+  absl::StrAppend(&line, " epoch ", EpochCell(job));
+  if (with_bar) absl::StrAppend(&line, " ", ProgressBar(job));
+  absl::StrAppend(&line, " step ", StepCell(job), "  loss ", LossCell(job),
+                  "  acc ", AccuracyCell(job), "  ",
+                  Format("%.0f", job.metrics().samples_per_second()),
+                  " samples/s");
+  if (job.state() == v1::RUNNING) {
+    absl::StrAppend(&line, "  ETA ",
+                    job.metrics().eta_seconds() > 0
+                        ? FormatDuration(job.metrics().eta_seconds())
+                        : "-");
+  }
+  return line;
+}
+
+// ---------------------------------------------------------------------------
+// ProgressPrinter
+
+ProgressPrinter::ProgressPrinter(FILE* out, bool live,
+                                 double plain_interval_seconds)
+    : out_(out), live_(live), plain_interval_seconds_(plain_interval_seconds) {}
+
+ProgressPrinter::~ProgressPrinter() { Finish(); }
+
+void ProgressPrinter::Update(const v1::JobStatus& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool first = !have_job_;
+  const v1::JobStatus previous = std::move(last_);
+  last_ = job;
+  have_job_ = true;
+
+  if (live_) {
+    DrawLocked();
+    return;
+  }
+
+  const double now = MonotonicSeconds();
+  bool printed = false;
+  // A line when the state changes (the final state is the caller's to print).
+  if ((first || previous.state() != job.state()) && !IsTerminal(job.state())) {
+    std::fprintf(out_, "%s\n", RenderProgressLine(job, false).c_str());
+    printed = true;
+  }
+  // A line per newly finished epoch (a job that already ended gets its epoch
+  // table from the caller instead).
+  int from = first ? (IsTerminal(job.state()) ? job.epochs_size() : 0)
+                   : previous.epochs_size();
+  for (int i = from; i < job.epochs_size(); ++i) {
+    std::fprintf(out_, "%s\n", EpochLine(job, job.epochs(i)).c_str());
+    printed = true;
+  }
+  // Otherwise a progress line now and then.
+  if (!printed && job.state() == v1::RUNNING &&
+      now - last_plain_line_ >= plain_interval_seconds_) {
+    std::fprintf(out_, "%s\n", RenderProgressLine(job, false).c_str());
+    printed = true;
+  }
+  if (printed) {
+    last_plain_line_ = now;
+    std::fflush(out_);
+  }
+}
+
+void ProgressPrinter::Note(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool redraw = live_ && drawn_width_ > 0;
+  if (redraw) ClearLocked();
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  if (redraw) DrawLocked();
+}
+
+void ProgressPrinter::Finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (live_ && drawn_width_ > 0) {
+    std::fputc('\n', out_);
+    std::fflush(out_);
+    drawn_width_ = 0;
+  }
+}
+
+void ProgressPrinter::DrawLocked() {
+  if (!have_job_) return;
+  std::string line = RenderProgressLine(last_, /*with_bar=*/true);
+  // Never wrap: a wrapped line cannot be redrawn with '\r'.
+  size_t columns = TerminalWidth(out_);
+  if (columns > 1) line = Truncate(line, columns - 1);
+  size_t width = line.size();
+  if (width < drawn_width_) line.append(drawn_width_ - width, ' ');
+  std::fprintf(out_, "\r%s", line.c_str());
+  std::fflush(out_);
+  drawn_width_ = width;
+}
+
+void ProgressPrinter::ClearLocked() {
+  std::fprintf(out_, "\r%s\r", std::string(drawn_width_, ' ').c_str());
+  std::fflush(out_);
+  drawn_width_ = 0;
+}
+
+}  // namespace pipemare::client

@@ -1,0 +1,27 @@
+// `pipemarectl local`: runs a job on a throwaway cluster of one coordinator
+// and N workers on loopback, started from the binaries next to pipemarectl.
+#ifndef PIPEMARE_CLIENT_LOCAL_H_
+#define PIPEMARE_CLIENT_LOCAL_H_
+
+#include <string>
+
+#include "client/commands.h"
+
+namespace pipemare::client {
+
+struct LocalOptions {
+  std::string spec_file;
+  int workers = 0;  // 0: one per pipeline stage
+  int threads = 1;  // per worker
+  bool keep_logs = false;
+};
+
+// Validates the spec, starts the cluster, runs the job to its end, prints the
+// final status and stops everything it started. Returns the exit code: 0 only
+// if the job SUCCEEDED, 1 if it ended otherwise or the cluster failed, 2 for
+// a bad spec, 130 when interrupted.
+int RunLocal(const GlobalOptions& options, const LocalOptions& local);
+
+}  // namespace pipemare::client
+
+#endif  // PIPEMARE_CLIENT_LOCAL_H_

@@ -1,0 +1,90 @@
+// pipemarectl: the command-line client of a Pipemare coordinator, and a
+// launcher for one-machine runs (`pipemarectl local`).
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "client/commands.h"
+#include "client/local.h"
+
+namespace pipemare::client {
+namespace {
+
+std::string DefaultCoordinator() {
+  const char* env = std::getenv("PIPEMARE_COORDINATOR");
+  return env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"pipemarectl: submit, follow and manage Pipemare training jobs"};
+  app.require_subcommand(1);
+  // Global options may also come after the subcommand.
+  app.fallthrough();
+
+  GlobalOptions options;
+  options.coordinator = DefaultCoordinator();
+  app.add_option("--coordinator", options.coordinator,
+                 "Coordinator address host:port (env PIPEMARE_COORDINATOR)")
+      ->capture_default_str();
+  std::string output = "table";
+  app.add_option("--output,-o", output, "Output format")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+
+  std::string file;
+  std::string job_id;
+  bool wait = false;
+  LocalOptions local;
+
+  CLI::App* submit = app.add_subcommand("submit", "Submit a job spec (YAML or JSON)");
+  submit->add_option("FILE", file, "Job spec file")->required();
+  submit->add_flag("--wait", wait, "Follow the job; exit 0 only if it SUCCEEDED");
+
+  CLI::App* status = app.add_subcommand("status", "Show one job in detail");
+  status->add_option("JOB", job_id, "Job id")->required();
+
+  CLI::App* list = app.add_subcommand("list", "List jobs");
+
+  CLI::App* watch = app.add_subcommand("watch", "Follow a job until it ends");
+  watch->add_option("JOB", job_id, "Job id")->required();
+
+  CLI::App* cancel = app.add_subcommand("cancel", "Cancel a job");
+  cancel->add_option("JOB", job_id, "Job id")->required();
+
+  CLI::App* workers = app.add_subcommand("workers", "List registered workers");
+
+  CLI::App* local_cmd = app.add_subcommand(
+      "local", "Run a job on a coordinator and workers started on this machine");
+  local_cmd->add_option("FILE", local.spec_file, "Job spec file")->required();
+  local_cmd->add_option("--workers", local.workers,
+                        "Workers to start (default: one per stage)")
+      ->check(CLI::PositiveNumber);
+  local_cmd->add_option("--threads", local.threads, "Threads per worker")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  local_cmd->add_flag("--keep-logs", local.keep_logs,
+                      "Keep the log directory even if the job succeeds");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitBadInput;
+  }
+  options.output = output == "json" ? OutputFormat::kJson : OutputFormat::kTable;
+
+  if (*submit) return RunSubmit(options, file, wait);
+  if (*status) return RunStatus(options, job_id);
+  if (*list) return RunList(options);
+  if (*watch) return RunWatch(options, job_id);
+  if (*cancel) return RunCancel(options, job_id);
+  if (*workers) return RunWorkers(options);
+  if (*local_cmd) return RunLocal(options, local);
+  return kExitBadInput;
+}
+
+}  // namespace
+}  // namespace pipemare::client
+
+int main(int argc, char** argv) { return pipemare::client::Main(argc, argv); }
