@@ -64,7 +64,8 @@ class JobRunner::Impl {
   void CloseFeeds();
   void ReleaseStages();
   absl::Status SendMicrobatch(const ImageDataset& data, const std::vector<int64_t>& order,
-                              int64_t begin, int64_t count, uint64_t id, v1::Phase phase);
+                              int64_t begin, int64_t count, uint64_t id, v1::Phase phase,
+                              bool flush = false);
   // Processes feed events until `done()` holds. Fails on cancel, a stage
   // error, a lost worker, or a stall.
   absl::Status WaitUntil(const std::function<bool()>& done);
@@ -222,7 +223,8 @@ void JobRunner::Impl::ReleaseStages() {
 
 absl::Status JobRunner::Impl::SendMicrobatch(const ImageDataset& data,
                                              const std::vector<int64_t>& order, int64_t begin,
-                                             int64_t count, uint64_t id, v1::Phase phase) {
+                                             int64_t count, uint64_t id, v1::Phase phase,
+                                             bool flush) {
   const int64_t features = data.features();
   std::vector<float> x(count * features);
   std::vector<int64_t> y(count);
@@ -238,6 +240,7 @@ absl::Status JobRunner::Impl::SendMicrobatch(const ImageDataset& data,
   v1::StageMessage input;
   input.set_microbatch(id);
   input.set_phase(phase);
+  input.set_flush(flush);
   *input.mutable_activation() = MakeFloat32Tensor(x.data(), {count, features});
   // Targets first, so the last stage has them when the activation arrives.
   if (!target_feed_.stream->Write(targets)) {
@@ -416,7 +419,11 @@ absl::Status JobRunner::Impl::Run() {
     const int64_t microbatches = steps_per_epoch_ * N;
     for (int64_t j = 0; j < microbatches && st.ok(); ++j) {
       st = WaitUntil([&] { return in_flight_ < window; });
-      if (st.ok()) st = SendMicrobatch(*train, order, j * mbs, mbs, next_id++, v1::TRAIN);
+      // The epoch's last microbatch flushes the pipeline (1F1B cool-down).
+      if (st.ok()) {
+        st = SendMicrobatch(*train, order, j * mbs, mbs, next_id++, v1::TRAIN,
+                            j + 1 == microbatches);
+      }
       if (st.ok()) ++in_flight_;
       if (st.ok() && sync && (j + 1) % N == 0) st = WaitUntil([&] { return in_flight_ == 0; });
     }

@@ -161,7 +161,7 @@ absl::Status FillMessage(pb::Message& msg, const YAML::Node& node,
     if (f->is_repeated()) {
       if (!value.IsSequence()) {
         return Bad(field_path,
-                   absl::StrCat("expected a list of ", TypeWord(f), "s, got ", Shown(value)));
+                   absl::StrCat("expected a list (each ", TypeWord(f), "), got ", Shown(value)));
       }
       r->ClearField(&msg, f);
       for (size_t i = 0; i < value.size(); ++i) {

@@ -76,7 +76,17 @@ absl::StatusOr<ImageDataset> LoadIdxPair(const std::string& images_path,
   ds.rows = ih->sizes[1];
   ds.cols = ih->sizes[2];
   if (limit > 0 && limit < ds.count) ds.count = limit;
+  // Check the file holds what the header claims before allocating for it.
+  const auto header_end = images->tellg();
+  images->seekg(0, std::ios::end);
+  const int64_t available = static_cast<int64_t>(images->tellg() - header_end);
+  images->seekg(header_end);
   const int64_t n = ds.count * ds.features();
+  if (ds.rows > (1 << 16) || ds.cols > (1 << 16) || n > available) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        images_path, ": truncated: the header claims ", ds.count, " images of ", ds.rows, "x",
+        ds.cols, " pixels but the file holds only ", available, " pixel bytes"));
+  }
   std::vector<unsigned char> raw(n);
   if (!images->read(reinterpret_cast<char*>(raw.data()), n)) {
     return absl::InvalidArgumentError(

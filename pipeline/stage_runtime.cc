@@ -19,6 +19,8 @@ absl::Status Guard(const char* what, Fn&& fn) {
     return absl::OkStatus();
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+  } catch (const std::invalid_argument& e) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", e.what()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(what, ": ", e.what()));
   }
@@ -144,7 +146,10 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
         absl::StrCat("targets of microbatch ", microbatch, " must be INT64 of shape [",
                      input.dim() ? input.size(0) : 0, "]"));
   }
-  auto out = Forward(microbatch, input, train);
+  if (train && saved_.count(microbatch)) {
+    return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch, " forwarded twice"));
+  }
+  auto out = Forward(microbatch, input, /*train=*/false);
   if (!out.ok()) return out.status();
   LossResult r;
   absl::Status st = Guard("loss", [&] {
@@ -159,7 +164,12 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
     r.count = targets.size(0);
   });
   if (!st.ok()) return st;
-  if (train) saved_[microbatch].targets = targets.to(device_);
+  if (train) {
+    // Saved only once the loss is known to be computable.
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    saved_[microbatch] = Saved{input.to(device_), targets.to(device_), stats_.steps};
+    ++stats_.forwards;
+  }
   return r;
 }
 
@@ -180,15 +190,24 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
     return absl::InvalidArgumentError(
         absl::StrCat("gradient for microbatch ", microbatch, " that this stage has not forwarded"));
   }
-  Saved saved = std::move(it->second);
-  saved_.erase(it);
   if (!grad_output.defined() && !is_last()) {
     return absl::InvalidArgumentError("missing gradient on a stage that is not last");
   }
+  Saved saved = std::move(it->second);
+  saved_.erase(it);
   torch::Tensor grad_input;
   absl::Status st = Guard(absl::StrCat("stage ", stage_, " backward").c_str(), [&] {
     auto params = module_->parameters();
     std::vector<torch::Tensor> w_t;
+    // Restores w_t on every exit, also when the backward throws.
+    struct Restore {
+      std::vector<torch::Tensor>& params;
+      std::vector<torch::Tensor>& w_t;
+      ~Restore() {
+        torch::NoGradGuard no_grad;
+        for (size_t j = 0; j < w_t.size(); ++j) params[j].copy_(w_t[j]);
+      }
+    } restore{params, w_t};
     if (t2_enabled_) {
       // Differentiate at u_bkwd, then restore w_t. Never in place under a
       // live graph: the recompute below builds its graph after the swap.
@@ -213,10 +232,6 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
       out.backward(grad_output.to(device_, out.scalar_type()));
     }
     if (!is_first()) grad_input = x.grad();
-    if (t2_enabled_) {
-      torch::NoGradGuard no_grad;
-      for (size_t j = 0; j < params.size(); ++j) params[j].copy_(w_t[j]);
-    }
   });
   if (!st.ok()) return st;
   {

@@ -23,6 +23,7 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
   if (!runtime.ok()) return runtime.status();
   std::shared_ptr<StageHost> host(new StageHost(a, self_address));
   host->runtime_ = std::move(*runtime);
+  host->warmup_ = a.num_stages() - a.stage();
   if (!host->runtime_->is_last()) {
     if (a.downstream_address().empty()) {
       return absl::InvalidArgumentError("downstream_address: required for every stage but the last");
@@ -144,7 +145,7 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
         break;
       }
       std::lock_guard<std::mutex> lock(mu_);
-      activations_.push_back(Event{false, msg.microbatch(), msg.phase(), *t});
+      activations_.push_back(Event{false, msg.microbatch(), msg.phase(), msg.flush(), *t});
     }
     cv_.notify_all();
   }
@@ -193,7 +194,7 @@ void StageHost::DownstreamReadLoop() {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      gradients_.push_back(Event{true, msg.microbatch(), v1::TRAIN, *t});
+      gradients_.push_back(Event{true, msg.microbatch(), v1::TRAIN, false, *t});
     }
     cv_.notify_all();
   }
@@ -217,18 +218,30 @@ bool StageHost::NextEvent(Event* event) {
     return activations_.end();
   };
   while (!stopping_) {
-    // 1F1B: a ready backward goes before a forward (pipemare); gpipe runs
-    // forwards first. Order within each kind is arrival order.
-    const bool forwards_first = runtime_->schedule() == ScheduleKind::kGPipe;
     auto act = ready_activation();
     const bool have_act = act != activations_.end();
     const bool have_grad = !gradients_.empty();
-    if (have_grad && (!forwards_first || !have_act)) {
+    bool take_grad = false, take_act = false;
+    if (runtime_->schedule() == ScheduleKind::kGPipe) {
+      // Forwards first; the flush after N microbatches comes from the
+      // coordinator and the last stage's deferred backwards.
+      take_act = have_act;
+      take_grad = !have_act && have_grad;
+    } else if (outstanding_ >= warmup_ || cooling_) {
+      take_grad = have_grad;  // 1F1B: the backward is due
+    } else {
+      take_act = have_act;  // warm-up, or the forward after a backward
+    }
+    // EVAL runs only on a drained pipeline; it never waits for 1F1B.
+    if (!take_act && !take_grad && have_act && act->phase == v1::EVAL && outstanding_ == 0) {
+      take_act = true;
+    }
+    if (take_grad) {
       *event = std::move(gradients_.front());
       gradients_.pop_front();
       return true;
     }
-    if (have_act) {
+    if (take_act) {
       *event = std::move(*act);
       activations_.erase(act);
       return true;
@@ -259,12 +272,17 @@ absl::Status StageHost::Process(const Event& event) {
 
 absl::Status StageHost::HandleActivation(const Event& event) {
   const bool train = event.phase != v1::EVAL;
+  if (train) {
+    ++outstanding_;
+    if (event.flush) cooling_ = true;
+  }
   if (!runtime_->is_last()) {
     auto out = runtime_->Forward(event.microbatch, event.tensor, train);
     if (!out.ok()) return out.status();
     v1::StageMessage msg;
     msg.set_microbatch(event.microbatch);
     msg.set_phase(event.phase);
+    msg.set_flush(event.flush);
     auto wire = FromTorch(*out);
     if (!wire.ok()) return wire.status();
     *msg.mutable_activation() = std::move(*wire);
@@ -306,6 +324,7 @@ absl::Status StageHost::HandleActivation(const Event& event) {
 absl::Status StageHost::BackwardAndSendUp(uint64_t microbatch, const torch::Tensor& grad_output) {
   auto grad_input = runtime_->Backward(microbatch, grad_output);
   if (!grad_input.ok()) return grad_input.status();
+  if (--outstanding_ == 0) cooling_ = false;
   v1::StageMessage msg;
   msg.set_microbatch(microbatch);
   msg.set_phase(v1::TRAIN);

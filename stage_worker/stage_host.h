@@ -70,6 +70,7 @@ class StageHost {
     bool gradient = false;  // else an activation
     uint64_t microbatch = 0;
     v1::Phase phase = v1::TRAIN;
+    bool flush = false;
     torch::Tensor tensor;
   };
   enum class Side { kNone, kUpstream, kDownstream, kTargets };
@@ -108,6 +109,13 @@ class StageHost {
   std::mutex write_mu_;  // one writer at a time per host keeps ordering simple
 
   std::vector<uint64_t> deferred_backwards_;  // gpipe, last stage; compute thread only
+  // pipemare's 1F1B order (compute thread only): at most `warmup_` = P - i
+  // forwards outstanding; once there, one backward then one forward. This
+  // makes τ_i = P - 1 - i exact whatever the timing. `cooling_` = the flush
+  // microbatch was forwarded: run the remaining backwards.
+  int outstanding_ = 0;
+  int warmup_ = 1;
+  bool cooling_ = false;
 
   std::atomic<bool> stopping_{false};
   std::atomic<bool> failed_{false};

@@ -1,0 +1,533 @@
+#include "pipeline/job_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+
+namespace pipemare {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr const char* kYamlSpec = R"(
+name: mnist-pipemare
+model:
+  type: mlp
+  layers: [784, 512, 512, 256, 10]
+  activation: relu
+data:
+  type: mnist
+  path: data/mnist
+optimizer:
+  type: sgd
+  lr: 0.05
+  momentum: 0.9
+schedule:
+  type: pipemare
+  stages: 4
+  microbatch_size: 64
+  microbatches_per_step: 1
+  lr_anneal_steps: 2000
+  discrepancy_decay: 0.1
+train:
+  epochs: 2
+  seed: 1
+)";
+
+constexpr const char* kJsonSpec = R"({
+  "name": "mnist-pipemare",
+  "model": {"type": "mlp", "layers": [784, 512, 512, 256, 10], "activation": "relu"},
+  "data": {"type": "mnist", "path": "data/mnist"},
+  "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9},
+  "schedule": {"type": "pipemare", "stages": 4, "microbatch_size": 64,
+               "microbatches_per_step": 1, "lr_anneal_steps": 2000,
+               "discrepancy_decay": 0.1},
+  "train": {"epochs": 2, "seed": 1}
+})";
+
+void ExpectExampleSpec(const v1::JobSpec& spec) {
+  EXPECT_EQ(spec.name(), "mnist-pipemare");
+  EXPECT_EQ(spec.model().type(), "mlp");
+  ASSERT_EQ(spec.model().layers_size(), 5);
+  EXPECT_EQ(spec.model().layers(0), 784);
+  EXPECT_EQ(spec.model().layers(1), 512);
+  EXPECT_EQ(spec.model().layers(2), 512);
+  EXPECT_EQ(spec.model().layers(3), 256);
+  EXPECT_EQ(spec.model().layers(4), 10);
+  EXPECT_EQ(spec.model().activation(), "relu");
+  EXPECT_EQ(spec.data().type(), "mnist");
+  EXPECT_EQ(spec.data().path(), "data/mnist");
+  EXPECT_EQ(spec.data().train_limit(), 0);
+  EXPECT_EQ(spec.data().test_limit(), 0);
+  EXPECT_EQ(spec.optimizer().type(), "sgd");
+  EXPECT_DOUBLE_EQ(spec.optimizer().lr(), 0.05);
+  EXPECT_DOUBLE_EQ(spec.optimizer().momentum(), 0.9);
+  EXPECT_DOUBLE_EQ(spec.optimizer().weight_decay(), 0.0);
+  EXPECT_FALSE(spec.optimizer().nesterov());
+  EXPECT_EQ(spec.schedule().type(), "pipemare");
+  EXPECT_EQ(spec.schedule().stages(), 4);
+  EXPECT_EQ(spec.schedule().microbatch_size(), 64);
+  EXPECT_EQ(spec.schedule().microbatches_per_step(), 1);
+  EXPECT_EQ(spec.schedule().lr_anneal_steps(), 2000);
+  EXPECT_DOUBLE_EQ(spec.schedule().lr_anneal_epochs(), 0.0);
+  ASSERT_TRUE(spec.schedule().has_discrepancy_decay());
+  EXPECT_DOUBLE_EQ(spec.schedule().discrepancy_decay(), 0.1);
+  EXPECT_EQ(spec.train().epochs(), 2);
+  EXPECT_EQ(spec.train().seed(), 1);
+}
+
+v1::JobSpec ValidSpec() {
+  auto spec = ParseJobSpec(kYamlSpec);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  ApplyJobSpecDefaults(*spec);
+  return *spec;
+}
+
+// Applies `mutate` to the valid example (after defaults) and validates it.
+absl::Status ValidateMutated(const std::function<void(v1::JobSpec&)>& mutate) {
+  v1::JobSpec spec = ValidSpec();
+  mutate(spec);
+  return ValidateJobSpec(spec);
+}
+
+// Parses `yaml`, applies defaults and validates.
+absl::Status ParseAndValidate(const std::string& yaml) {
+  auto spec = ParseJobSpec(yaml);
+  if (!spec.ok()) return spec.status();
+  ApplyJobSpecDefaults(*spec);
+  return ValidateJobSpec(*spec);
+}
+
+void ExpectInvalid(const absl::Status& st, const std::string& path, const std::string& hint) {
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), AllOf(HasSubstr(path), HasSubstr(hint)));
+}
+
+TEST(JobSpecParseTest, ParsesFullYamlSpec) {
+  auto spec = ParseJobSpec(kYamlSpec);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ExpectExampleSpec(*spec);
+  EXPECT_FALSE(spec->train().has_shuffle());
+  ApplyJobSpecDefaults(*spec);
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+}
+
+TEST(JobSpecParseTest, ParsesFullJsonSpec) {
+  auto spec = ParseJobSpec(kJsonSpec);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ExpectExampleSpec(*spec);
+  ApplyJobSpecDefaults(*spec);
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+}
+
+TEST(JobSpecParseTest, YamlAndJsonGiveTheSameMessage) {
+  auto yaml = ParseJobSpec(kYamlSpec);
+  auto json = ParseJobSpec(kJsonSpec);
+  ASSERT_TRUE(yaml.ok() && json.ok());
+  EXPECT_EQ(yaml->SerializeAsString(), json->SerializeAsString());
+}
+
+TEST(JobSpecParseTest, ParsesExampleFlowStyleFile) {
+  const std::string path = testing::TempDir() + "/job_spec_test_example.yaml";
+  {
+    std::ofstream out(path);
+    out << "name: mnist-pipemare\n"
+           "model: {type: mlp, layers: [784, 512, 512, 256, 10], activation: relu}\n"
+           "data: {type: mnist, path: data/mnist}\n"
+           "optimizer: {type: sgd, lr: 0.05, momentum: 0.9}\n"
+           "schedule: {type: pipemare, stages: 4, microbatch_size: 64, microbatches_per_step: 1,\n"
+           "           lr_anneal_steps: 2000, discrepancy_decay: 0.1}\n"
+           "train: {epochs: 2, seed: 1}\n";
+  }
+  auto spec = LoadJobSpecFile(path);
+  std::remove(path.c_str());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ExpectExampleSpec(*spec);
+}
+
+TEST(JobSpecParseTest, LoadMissingFileIsNotFoundNamingTheFile) {
+  const std::string path = testing::TempDir() + "/no-such-spec-file.yaml";
+  auto spec = LoadJobSpecFile(path);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr(path));
+}
+
+TEST(JobSpecParseTest, LoadFileErrorNamesFileAndField) {
+  const std::string path = testing::TempDir() + "/job_spec_test_bad.yaml";
+  {
+    std::ofstream out(path);
+    out << "schedule: {stagez: 4}\n";
+  }
+  auto spec = LoadJobSpecFile(path);
+  std::remove(path.c_str());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()),
+              AllOf(HasSubstr(path), HasSubstr("schedule.stagez")));
+}
+
+TEST(JobSpecParseTest, ParsesBoolsAndOptionalFields) {
+  auto spec = ParseJobSpec(
+      "optimizer: {lr: 0.1, momentum: 0.5, nesterov: true, weight_decay: 0.0001}\n"
+      "train: {shuffle: false}\n"
+      "data: {train_limit: 100, test_limit: 50}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->optimizer().nesterov());
+  EXPECT_DOUBLE_EQ(spec->optimizer().weight_decay(), 0.0001);
+  ASSERT_TRUE(spec->train().has_shuffle());
+  EXPECT_FALSE(spec->train().shuffle());
+  EXPECT_EQ(spec->data().train_limit(), 100);
+  EXPECT_EQ(spec->data().test_limit(), 50);
+  EXPECT_FALSE(spec->schedule().has_discrepancy_decay());
+  ApplyJobSpecDefaults(*spec);
+  EXPECT_FALSE(spec->train().shuffle()) << "an explicit shuffle: false must survive defaults";
+}
+
+TEST(JobSpecParseTest, NullValueLeavesFieldUnset) {
+  auto spec = ParseJobSpec("name:\nschedule:\n  stages:\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "");
+  EXPECT_EQ(spec->schedule().stages(), 0);
+}
+
+TEST(JobSpecDefaultsTest, FillsDocumentedDefaults) {
+  auto spec = ParseJobSpec(
+      "name: x\nmodel: {type: mlp, layers: [784, 10]}\ndata: {type: mnist, path: d}\n"
+      "optimizer: {lr: 0.1}\nschedule: {type: gpipe, stages: 1}\ntrain: {epochs: 1}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().activation(), "");
+  ApplyJobSpecDefaults(*spec);
+  EXPECT_EQ(spec->model().activation(), "relu");
+  EXPECT_EQ(spec->optimizer().type(), "sgd");
+  EXPECT_EQ(spec->schedule().microbatch_size(), 64);
+  EXPECT_EQ(spec->schedule().microbatches_per_step(), 1);
+  ASSERT_TRUE(spec->train().has_shuffle());
+  EXPECT_TRUE(spec->train().shuffle());
+  EXPECT_DOUBLE_EQ(spec->optimizer().momentum(), 0.0);
+  EXPECT_EQ(spec->train().seed(), 0);
+  EXPECT_FALSE(spec->schedule().has_discrepancy_decay());
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+}
+
+TEST(JobSpecDefaultsTest, KeepsExplicitValues) {
+  auto spec = ParseJobSpec(
+      "model: {activation: tanh}\noptimizer: {type: sgd}\n"
+      "schedule: {microbatch_size: 8, microbatches_per_step: 4}\ntrain: {shuffle: false}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ApplyJobSpecDefaults(*spec);
+  EXPECT_EQ(spec->model().activation(), "tanh");
+  EXPECT_EQ(spec->schedule().microbatch_size(), 8);
+  EXPECT_EQ(spec->schedule().microbatches_per_step(), 4);
+  EXPECT_FALSE(spec->train().shuffle());
+}
+
+TEST(JobSpecParseErrorTest, UnknownFieldNamesPathAndAllowedFields) {
+  auto spec = ParseJobSpec("schedule:\n  type: pipemare\n  stagez: 4\n");
+  ExpectInvalid(spec.status(), "schedule.stagez", "unknown field");
+  EXPECT_THAT(std::string(spec.status().message()),
+              AllOf(HasSubstr("stages"), HasSubstr("microbatch_size")));
+}
+
+TEST(JobSpecParseErrorTest, UnknownTopLevelField) {
+  auto spec = ParseJobSpec("nmae: x\n");
+  ExpectInvalid(spec.status(), "nmae", "unknown field");
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("schedule"));
+}
+
+TEST(JobSpecParseErrorTest, IllTypedInteger) {
+  auto spec = ParseJobSpec("schedule: {stages: four}\n");
+  ExpectInvalid(spec.status(), "schedule.stages", "integer");
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("four"));
+}
+
+TEST(JobSpecParseErrorTest, FractionalIntegerIsRejected) {
+  ExpectInvalid(ParseJobSpec("schedule: {stages: 2.5}\n").status(), "schedule.stages", "integer");
+}
+
+TEST(JobSpecParseErrorTest, Int32OutOfRange) {
+  ExpectInvalid(ParseJobSpec("schedule: {stages: 99999999999}\n").status(), "schedule.stages",
+                "out of range");
+}
+
+TEST(JobSpecParseErrorTest, IllTypedNumber) {
+  auto spec = ParseJobSpec("optimizer: {lr: fast}\n");
+  ExpectInvalid(spec.status(), "optimizer.lr", "number");
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("fast"));
+}
+
+TEST(JobSpecParseErrorTest, IllTypedBool) {
+  ExpectInvalid(ParseJobSpec("optimizer: {nesterov: maybe}\n").status(), "optimizer.nesterov",
+                "true or false");
+}
+
+TEST(JobSpecParseErrorTest, ScalarWhereMappingExpected) {
+  ExpectInvalid(ParseJobSpec("model: mlp\n").status(), "model", "mapping");
+}
+
+TEST(JobSpecParseErrorTest, MappingWhereScalarExpected) {
+  ExpectInvalid(ParseJobSpec("name: {a: 1}\n").status(), "name", "string");
+}
+
+TEST(JobSpecParseErrorTest, LayersNotAList) {
+  auto spec = ParseJobSpec("model: {type: mlp, layers: 784}\n");
+  ExpectInvalid(spec.status(), "model.layers", "list");
+}
+
+TEST(JobSpecParseErrorTest, LayersElementNotAnInteger) {
+  auto spec = ParseJobSpec("model: {type: mlp, layers: [784, abc, 10]}\n");
+  ExpectInvalid(spec.status(), "model.layers[1]", "integer");
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("abc"));
+}
+
+TEST(JobSpecParseErrorTest, LayersElementIsAList) {
+  ExpectInvalid(ParseJobSpec("model: {layers: [784, [1, 2], 10]}\n").status(), "model.layers[1]",
+                "integer");
+}
+
+TEST(JobSpecParseErrorTest, MalformedYamlMentionsLine) {
+  auto spec = ParseJobSpec("name: x\nmodel: {type: mlp, layers: [784, 10\n");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("line"));
+}
+
+TEST(JobSpecParseErrorTest, MalformedJsonMentionsLine) {
+  auto spec = ParseJobSpec("{\"name\": \"x\",\n \"model\": {\"type\": \"mlp\"\n");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("line"));
+}
+
+TEST(JobSpecParseErrorTest, EmptyDocument) {
+  for (const char* doc : {"", "\n\n", "# only a comment\n"}) {
+    auto spec = ParseJobSpec(doc);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << "'" << doc << "'";
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr("empty")) << "'" << doc << "'";
+  }
+}
+
+TEST(JobSpecParseErrorTest, TopLevelNotAMapping) {
+  ExpectInvalid(ParseJobSpec("- a\n- b\n").status(), "spec", "mapping");
+  ExpectInvalid(ParseJobSpec("just a string\n").status(), "spec", "mapping");
+}
+
+TEST(JobSpecValidateTest, ExampleIsValid) { EXPECT_TRUE(ValidateJobSpec(ValidSpec()).ok()); }
+
+TEST(JobSpecValidateTest, GpipeWithPipeMareKnobsIsAccepted) {
+  EXPECT_TRUE(
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_type("gpipe"); }).ok());
+}
+
+struct MissingCase {
+  const char* path;
+  std::function<void(v1::JobSpec&)> clear;
+};
+
+TEST(JobSpecValidateTest, MissingRequiredFieldsAfterDefaults) {
+  const MissingCase cases[] = {
+      {"name", [](v1::JobSpec& s) { s.clear_name(); }},
+      {"model.type", [](v1::JobSpec& s) { s.mutable_model()->clear_type(); }},
+      {"data.type", [](v1::JobSpec& s) { s.mutable_data()->clear_type(); }},
+      {"data.path", [](v1::JobSpec& s) { s.mutable_data()->clear_path(); }},
+      {"optimizer.lr", [](v1::JobSpec& s) { s.mutable_optimizer()->clear_lr(); }},
+      {"schedule.type", [](v1::JobSpec& s) { s.mutable_schedule()->clear_type(); }},
+      {"schedule.stages", [](v1::JobSpec& s) { s.mutable_schedule()->clear_stages(); }},
+      {"train.epochs", [](v1::JobSpec& s) { s.mutable_train()->clear_epochs(); }},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.path);
+    v1::JobSpec spec = ValidSpec();
+    c.clear(spec);
+    ApplyJobSpecDefaults(spec);
+    ExpectInvalid(ValidateJobSpec(spec), std::string(c.path) + ":", "required");
+  }
+}
+
+TEST(JobSpecValidateTest, MissingFieldsInTextAreReportedAfterDefaults) {
+  // The same through the parser: a spec lacking train.
+  auto st = ParseAndValidate(
+      "name: x\nmodel: {type: mlp, layers: [784, 10]}\ndata: {type: mnist, path: d}\n"
+      "optimizer: {lr: 0.1}\nschedule: {type: gpipe, stages: 1}\n");
+  ExpectInvalid(st, "train.epochs", "required");
+}
+
+TEST(JobSpecValidateTest, BadScheduleTypeListsAllowedValues) {
+  auto st = ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_type("foo"); });
+  ExpectInvalid(st, "schedule.type", "pipemare, gpipe");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("foo"));
+}
+
+TEST(JobSpecValidateTest, OtherBadEnumValues) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_model()->set_type("cnn"); }),
+                "model.type", "mlp");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_model()->set_activation("swish"); }),
+                "model.activation", "relu, tanh, gelu, sigmoid");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_data()->set_type("cifar"); }),
+                "data.type", "mnist");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_optimizer()->set_type("adam"); }),
+                "optimizer.type", "sgd");
+}
+
+TEST(JobSpecValidateTest, EveryActivationIsAccepted) {
+  for (const char* act : {"relu", "tanh", "gelu", "sigmoid"}) {
+    EXPECT_TRUE(
+        ValidateMutated([&](v1::JobSpec& s) { s.mutable_model()->set_activation(act); }).ok())
+        << act;
+  }
+}
+
+TEST(JobSpecValidateTest, BadName) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.set_name("has space"); }), "name",
+                "A-Z a-z 0-9");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.set_name(std::string(65, 'a')); }), "name",
+                "1..64");
+  EXPECT_TRUE(ValidateMutated([](v1::JobSpec& s) { s.set_name(std::string(64, 'a')); }).ok());
+}
+
+TEST(JobSpecValidateTest, StagesMoreThanUnitsMentionsUnitCount) {
+  auto st = ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_stages(5); });
+  ExpectInvalid(st, "schedule.stages", "4 units");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("at most 4"));
+  EXPECT_TRUE(ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_stages(1); }).ok());
+}
+
+TEST(JobSpecValidateTest, NegativeStages) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_stages(-1); }),
+                "schedule.stages", ">= 1");
+}
+
+TEST(JobSpecValidateTest, TooFewLayers) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_model()->clear_layers();
+                  s.mutable_model()->add_layers(784);
+                }),
+                "model.layers", "at least two");
+}
+
+TEST(JobSpecValidateTest, NonPositiveLayerWidth) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_model()->set_layers(2, 0); }),
+                "model.layers[2]", "1..1048576");
+}
+
+TEST(JobSpecValidateTest, MnistInputWidthMustBe784) {
+  auto st = ValidateMutated([](v1::JobSpec& s) { s.mutable_model()->set_layers(0, 100); });
+  ExpectInvalid(st, "model.layers[0]", "784");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("100"));
+}
+
+TEST(JobSpecValidateTest, MnistOutputWidthMustBe10) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_model()->set_layers(4, 7); }),
+                "model.layers[4]", "10");
+}
+
+TEST(JobSpecValidateTest, MomentumOutOfRange) {
+  for (double m : {1.0, 1.5, -0.1}) {
+    SCOPED_TRACE(m);
+    ExpectInvalid(ValidateMutated([&](v1::JobSpec& s) { s.mutable_optimizer()->set_momentum(m); }),
+                  "optimizer.momentum", "[0, 1)");
+  }
+  EXPECT_TRUE(
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_optimizer()->set_momentum(0.0); }).ok());
+}
+
+TEST(JobSpecValidateTest, NonPositiveLr) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_optimizer()->set_lr(-0.1); }),
+                "optimizer.lr", "> 0");
+}
+
+TEST(JobSpecValidateTest, NegativeWeightDecay) {
+  ExpectInvalid(
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_optimizer()->set_weight_decay(-1); }),
+      "optimizer.weight_decay", ">= 0");
+}
+
+TEST(JobSpecValidateTest, NesterovWithoutMomentum) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_optimizer()->set_nesterov(true);
+                  s.mutable_optimizer()->set_momentum(0);
+                }),
+                "optimizer.nesterov", "momentum > 0");
+  EXPECT_TRUE(
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_optimizer()->set_nesterov(true); }).ok());
+}
+
+TEST(JobSpecValidateTest, DiscrepancyDecayMustBeBelowOne) {
+  for (double d : {1.0, 2.0}) {
+    SCOPED_TRACE(d);
+    ExpectInvalid(
+        ValidateMutated([&](v1::JobSpec& s) { s.mutable_schedule()->set_discrepancy_decay(d); }),
+        "schedule.discrepancy_decay", "[0, 1)");
+  }
+  // Negative turns T2 off and is accepted; so are 0 and values just below 1.
+  for (double d : {-1.0, 0.0, 0.999}) {
+    EXPECT_TRUE(ValidateMutated([&](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_discrepancy_decay(d);
+                }).ok())
+        << d;
+  }
+}
+
+TEST(JobSpecValidateTest, BothAnnealStepsAndEpochs) {
+  auto st =
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_lr_anneal_epochs(1.5); });
+  ExpectInvalid(st, "schedule.lr_anneal", "not both");
+  EXPECT_THAT(std::string(st.message()),
+              AllOf(HasSubstr("lr_anneal_steps"), HasSubstr("lr_anneal_epochs")));
+  EXPECT_TRUE(ValidateMutated([](v1::JobSpec& s) {
+                s.mutable_schedule()->set_lr_anneal_steps(0);
+                s.mutable_schedule()->set_lr_anneal_epochs(1.5);
+              }).ok());
+}
+
+TEST(JobSpecValidateTest, NegativeAnneal) {
+  ExpectInvalid(
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_lr_anneal_steps(-1); }),
+      "schedule.lr_anneal_steps", ">= 0");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_lr_anneal_steps(0);
+                  s.mutable_schedule()->set_lr_anneal_epochs(-1);
+                }),
+                "schedule.lr_anneal_epochs", ">= 0");
+}
+
+TEST(JobSpecValidateTest, MicrobatchRanges) {
+  ExpectInvalid(
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_microbatch_size(65537); }),
+      "schedule.microbatch_size", "1..65536");
+  ExpectInvalid(
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_microbatches_per_step(-2); }),
+      "schedule.microbatches_per_step", "1..4096");
+}
+
+TEST(JobSpecValidateTest, NegativeDataLimits) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_data()->set_train_limit(-1); }),
+                "data.train_limit", ">= 0");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_data()->set_test_limit(-1); }),
+                "data.test_limit", ">= 0");
+}
+
+TEST(JobSpecValidateTest, EpochsRange) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_train()->set_epochs(100001); }),
+                "train.epochs", "1..100000");
+}
+
+TEST(ModelUnitCountTest, MlpUnitsAreLayersMinusOne) {
+  v1::ModelSpec m;
+  m.set_type("mlp");
+  EXPECT_EQ(ModelUnitCount(m), 0);
+  m.add_layers(784);
+  EXPECT_EQ(ModelUnitCount(m), 0);
+  m.add_layers(10);
+  EXPECT_EQ(ModelUnitCount(m), 1);
+  for (int w : {512, 512, 256}) m.add_layers(w);
+  EXPECT_EQ(ModelUnitCount(m), 4);
+  m.set_type("cnn");
+  EXPECT_EQ(ModelUnitCount(m), 0);
+  m.clear_type();
+  EXPECT_EQ(ModelUnitCount(m), 0);
+}
+
+}  // namespace
+}  // namespace pipemare

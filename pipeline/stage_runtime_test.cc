@@ -1,0 +1,694 @@
+#include "pipeline/stage_runtime.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "pipeline/pipemare_math.h"
+
+namespace pipemare {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kSeed = 11;
+constexpr int64_t kBatch = 5;
+
+v1::ModelSpec Mlp(const std::vector<int64_t>& layers, const std::string& activation = "relu") {
+  v1::ModelSpec m;
+  m.set_type("mlp");
+  for (int64_t w : layers) m.add_layers(w);
+  m.set_activation(activation);
+  return m;
+}
+
+v1::StageAssignment Assignment(const std::string& schedule, int stage, int num_stages,
+                               int first_unit, int units, const v1::ModelSpec& model,
+                               double lr = 0.1, int microbatches_per_step = 1) {
+  v1::StageAssignment a;
+  a.set_job_id("job");
+  a.set_stage(stage);
+  a.set_num_stages(num_stages);
+  a.set_first_unit(first_unit);
+  a.set_units(units);
+  *a.mutable_model() = model;
+  a.mutable_optimizer()->set_type("sgd");
+  a.mutable_optimizer()->set_lr(lr);
+  a.mutable_schedule()->set_type(schedule);
+  a.mutable_schedule()->set_stages(num_stages);
+  a.mutable_schedule()->set_microbatch_size(kBatch);
+  a.mutable_schedule()->set_microbatches_per_step(microbatches_per_step);
+  a.set_seed(kSeed);
+  return a;
+}
+
+// The three-unit model [4, 3, 3, 2] on one stage (first and last).
+v1::StageAssignment SingleStage(const std::string& schedule, int microbatches_per_step) {
+  return Assignment(schedule, 0, 1, 0, 3, Mlp({4, 3, 3, 2}), 0.1, microbatches_per_step);
+}
+
+std::unique_ptr<StageRuntime> MustCreate(const v1::StageAssignment& a) {
+  auto rt = StageRuntime::Create(a);
+  EXPECT_TRUE(rt.ok()) << rt.status();
+  return rt.ok() ? std::move(*rt) : nullptr;
+}
+
+torch::nn::Sequential MustBuild(const v1::ModelSpec& m, int first, int units,
+                                int64_t seed = kSeed) {
+  auto s = BuildUnits(m, first, units, seed);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return *s;
+}
+
+std::vector<torch::Tensor> Snapshot(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+
+double MaxAbsDiff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    m = std::max(m, (a[i].detach() - b[i].detach()).abs().max().item<double>());
+  }
+  return m;
+}
+
+void ExpectAllClose(const std::vector<torch::Tensor>& actual,
+                    const std::vector<torch::Tensor>& expected, double rtol, double atol) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_EQ(actual[i].sizes(), expected[i].sizes()) << "parameter " << i;
+    EXPECT_TRUE(torch::allclose(actual[i].detach(), expected[i].detach(), rtol, atol))
+        << "parameter " << i << " max diff "
+        << (actual[i].detach() - expected[i].detach()).abs().max().item<double>();
+  }
+}
+
+torch::Tensor Inputs(int64_t seed, int64_t width = 4) {
+  torch::manual_seed(seed);
+  return torch::randn({kBatch, width});
+}
+
+torch::Tensor Targets(int64_t seed, int64_t classes = 2) {
+  torch::manual_seed(seed);
+  return torch::randint(0, classes, {kBatch}, torch::kInt64);
+}
+
+// ---------------------------------------------------------------------------
+// BuildUnits
+
+TEST(BuildUnitsTest, WeightsDoNotDependOnThePartition) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 2});
+  torch::nn::Sequential whole = MustBuild(model, 0, 3);
+  EXPECT_EQ(whole->size(), 5u);  // Linear ReLU Linear ReLU Linear
+  std::vector<torch::Tensor> split;
+  std::vector<torch::nn::Sequential> parts;
+  for (int u = 0; u < 3; ++u) {
+    parts.push_back(MustBuild(model, u, 1));
+    for (const auto& p : parts.back()->parameters()) split.push_back(p);
+  }
+  EXPECT_EQ(parts[0]->size(), 2u);
+  EXPECT_EQ(parts[2]->size(), 1u);  // no activation after the last unit
+  const auto joined = whole->parameters();
+  ASSERT_EQ(joined.size(), split.size());
+  for (size_t i = 0; i < joined.size(); ++i) {
+    EXPECT_TRUE(torch::equal(joined[i], split[i])) << "parameter " << i;
+  }
+  // Two stages [0,2) + [2,3) as well.
+  auto front = MustBuild(model, 0, 2);
+  auto fp = front->parameters();
+  for (size_t i = 0; i < fp.size(); ++i) EXPECT_TRUE(torch::equal(fp[i], joined[i]));
+
+  torch::NoGradGuard no_grad;
+  torch::Tensor x = Inputs(1);
+  torch::Tensor chained = parts[2]->forward(parts[1]->forward(parts[0]->forward(x)));
+  EXPECT_TRUE(torch::allclose(whole->forward(x), chained, 1e-6, 1e-7));
+}
+
+TEST(BuildUnitsTest, SeedChangesWeights) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 2});
+  auto a = MustBuild(model, 0, 3, 1)->parameters();
+  auto b = MustBuild(model, 0, 3, 2)->parameters();
+  auto a2 = MustBuild(model, 0, 3, 1)->parameters();
+  EXPECT_FALSE(torch::equal(a[0], b[0]));
+  EXPECT_TRUE(torch::equal(a[0], a2[0]));
+}
+
+TEST(BuildUnitsTest, Activations) {
+  for (const char* act : {"relu", "tanh", "gelu", "sigmoid"}) {
+    auto s = MustBuild(Mlp({4, 3, 2}, act), 0, 2);
+    ASSERT_EQ(s->size(), 3u) << act;
+    torch::NoGradGuard no_grad;
+    torch::Tensor h = s[0]->as<torch::nn::Linear>()->forward(Inputs(2));
+    torch::Tensor expected;
+    if (std::string(act) == "relu") expected = torch::relu(h);
+    if (std::string(act) == "tanh") expected = torch::tanh(h);
+    if (std::string(act) == "gelu") expected = torch::gelu(h);
+    if (std::string(act) == "sigmoid") expected = torch::sigmoid(h);
+    // The module between the two Linear layers must be the named activation.
+    torch::Tensor full = s->forward(Inputs(2));
+    torch::Tensor manual = s[2]->as<torch::nn::Linear>()->forward(expected);
+    EXPECT_TRUE(torch::allclose(full, manual, 1e-6, 1e-7)) << act;
+  }
+}
+
+TEST(BuildUnitsTest, Errors) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 2});
+  EXPECT_EQ(BuildUnits(model, 2, 2, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildUnits(model, 3, 1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildUnits(model, -1, 1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildUnits(model, 0, 0, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::ModelSpec cnn = model;
+  cnn.set_type("cnn");
+  EXPECT_EQ(BuildUnits(cnn, 0, 1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------
+// gpipe
+
+TEST(StageRuntimeGPipeTest, AccumulatesNMicrobatchesIntoOneSgdStep) {
+  const v1::StageAssignment a = SingleStage("gpipe", 2);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  EXPECT_TRUE(rt->is_first());
+  EXPECT_TRUE(rt->is_last());
+  EXPECT_EQ(rt->schedule(), ScheduleKind::kGPipe);
+  EXPECT_EQ(rt->microbatches_per_step(), 2);
+  EXPECT_EQ(rt->Stats().parameters, 4 * 3 + 3 + 3 * 3 + 3 + 3 * 2 + 2);
+  EXPECT_EQ(rt->Stats().analytic_delay, 0);
+
+  torch::nn::Sequential ref = MustBuild(a.model(), 0, 3);
+  const auto initial = Snapshot(ref->parameters());
+  ExpectAllClose(rt->Parameters(), initial, 0, 0);
+
+  const torch::Tensor x1 = Inputs(101), y1 = Targets(102);
+  const torch::Tensor x2 = Inputs(103), y2 = Targets(104);
+
+  auto r1 = rt->ForwardLoss(1, x1, y1, true);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  {
+    torch::NoGradGuard no_grad;
+    torch::Tensor out = ref->forward(x1);
+    EXPECT_NEAR(r1->loss, torch::nn::functional::cross_entropy(out, y1).item<double>(), 1e-6);
+    EXPECT_EQ(r1->correct, out.argmax(1).eq(y1).sum().item<int64_t>());
+    EXPECT_EQ(r1->count, kBatch);
+  }
+  ASSERT_TRUE(rt->ForwardLoss(2, x2, y2, true).ok());
+  EXPECT_EQ(rt->Stats().forwards, 2);
+
+  auto g1 = rt->Backward(1, torch::Tensor());
+  ASSERT_TRUE(g1.ok()) << g1.status();
+  EXPECT_FALSE(g1->defined()) << "the first stage returns no input gradient";
+  EXPECT_EQ(rt->Stats().steps, 0);
+  ExpectAllClose(rt->Parameters(), initial, 0, 0);  // no update before the N-th backward
+
+  auto g2 = rt->Backward(2, torch::Tensor());
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  StageStats stats = rt->Stats();
+  EXPECT_EQ(stats.steps, 1);
+  EXPECT_EQ(stats.backwards, 2);
+  EXPECT_DOUBLE_EQ(stats.learning_rate, 0.1);
+
+  torch::Tensor loss = torch::nn::functional::cross_entropy(ref->forward(x1), y1) / 2 +
+                       torch::nn::functional::cross_entropy(ref->forward(x2), y2) / 2;
+  loss.backward();
+  std::vector<torch::Tensor> expected;
+  for (const auto& p : ref->parameters()) expected.push_back(p.detach() - 0.1 * p.grad());
+  EXPECT_GT(MaxAbsDiff(expected, initial), 1e-4) << "the step should move the weights";
+  ExpectAllClose(rt->Parameters(), expected, 1e-5, 1e-6);
+}
+
+TEST(StageRuntimeGPipeTest, MomentumMatchesTorchSgdOverTwoSteps) {
+  v1::StageAssignment a = SingleStage("gpipe", 2);
+  a.mutable_optimizer()->set_momentum(0.9);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  torch::nn::Sequential ref = MustBuild(a.model(), 0, 3);
+  torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+
+  for (int step = 0; step < 2; ++step) {
+    const uint64_t m1 = 2 * step + 1, m2 = 2 * step + 2;
+    const torch::Tensor x1 = Inputs(200 + m1), y1 = Targets(300 + m1);
+    const torch::Tensor x2 = Inputs(200 + m2), y2 = Targets(300 + m2);
+    ASSERT_TRUE(rt->ForwardLoss(m1, x1, y1, true).ok());
+    ASSERT_TRUE(rt->ForwardLoss(m2, x2, y2, true).ok());
+    ASSERT_TRUE(rt->Backward(m1, torch::Tensor()).ok());
+    ASSERT_TRUE(rt->Backward(m2, torch::Tensor()).ok());
+
+    sgd.zero_grad();
+    torch::Tensor loss = torch::nn::functional::cross_entropy(ref->forward(x1), y1) / 2 +
+                         torch::nn::functional::cross_entropy(ref->forward(x2), y2) / 2;
+    loss.backward();
+    sgd.step();
+    EXPECT_EQ(rt->Stats().steps, step + 1);
+    ExpectAllClose(rt->Parameters(), ref->parameters(), 1e-5, 1e-6);
+  }
+}
+
+TEST(StageRuntimeGPipeTest, IgnoresPipeMareKnobs) {
+  v1::StageAssignment a = Assignment("gpipe", 0, 4, 0, 1, Mlp({4, 3, 3, 3, 2}));
+  a.set_lr_anneal_steps(100);
+  a.mutable_schedule()->set_discrepancy_decay(0.1);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  EXPECT_EQ(rt->Stats().analytic_delay, 0);
+  EXPECT_DOUBLE_EQ(rt->Stats().learning_rate, 0.1);
+  torch::nn::Sequential ref = MustBuild(a.model(), 0, 1);
+  const torch::Tensor x = Inputs(7);
+  torch::manual_seed(8);
+  const torch::Tensor g = torch::randn({kBatch, 3});
+  ASSERT_TRUE(rt->Forward(1, x, true).ok());
+  ASSERT_TRUE(rt->Backward(1, g).ok());
+  ref->forward(x).backward(g);
+  std::vector<torch::Tensor> expected;
+  for (const auto& p : ref->parameters()) expected.push_back(p.detach() - 0.1 * p.grad());
+  ExpectAllClose(rt->Parameters(), expected, 1e-5, 1e-6);
+  EXPECT_DOUBLE_EQ(rt->Stats().learning_rate, 0.1);
+}
+
+// ---------------------------------------------------------------------------
+// pipemare T1
+
+TEST(StageRuntimePipeMareTest, T1ScalesTheFirstStepsByTau) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
+  v1::StageAssignment a = Assignment("pipemare", 0, 4, 0, 1, model);
+  a.set_lr_anneal_steps(100);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  EXPECT_EQ(rt->schedule(), ScheduleKind::kPipeMare);
+  EXPECT_EQ(rt->Stats().analytic_delay, 3);
+  EXPECT_NEAR(rt->Stats().learning_rate, 0.1 / 3, 1e-12);
+
+  torch::nn::Sequential ref = MustBuild(model, 0, 1);
+  const torch::Tensor x = Inputs(21);
+  torch::manual_seed(22);
+  const torch::Tensor g = torch::randn({kBatch, 3});
+  ASSERT_TRUE(rt->Forward(1, x, true).ok());
+  auto gi = rt->Backward(1, g);
+  ASSERT_TRUE(gi.ok()) << gi.status();
+  EXPECT_FALSE(gi->defined());
+  EXPECT_EQ(rt->Stats().steps, 1);
+  EXPECT_NEAR(rt->Stats().learning_rate, 0.1 * std::pow(3.0, -1.0), 1e-12);
+
+  // The step really used α/τ (T2 is off: no discrepancy_decay).
+  ref->forward(x).backward(g);
+  std::vector<torch::Tensor> expected;
+  for (const auto& p : ref->parameters()) expected.push_back(p.detach() - (0.1 / 3) * p.grad());
+  ExpectAllClose(rt->Parameters(), expected, 1e-5, 1e-7);
+
+  ASSERT_TRUE(rt->Forward(2, x, true).ok());
+  ASSERT_TRUE(rt->Backward(2, g).ok());
+  EXPECT_NEAR(rt->Stats().learning_rate, 0.1 * std::pow(3.0, -(1.0 - 1.0 / 100)), 1e-12);
+  EXPECT_NEAR(rt->Stats().learning_rate, T1LearningRate(0.1, 1, 100, 3), 1e-15);
+}
+
+TEST(StageRuntimePipeMareTest, AnalyticDelayPerStage) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
+  const int expected_n1[] = {3, 2, 1, 0};
+  const int expected_n2[] = {2, 1, 1, 0};
+  for (int stage = 0; stage < 4; ++stage) {
+    auto rt1 = MustCreate(Assignment("pipemare", stage, 4, stage, 1, model, 0.1, 1));
+    auto rt2 = MustCreate(Assignment("pipemare", stage, 4, stage, 1, model, 0.1, 2));
+    ASSERT_NE(rt1, nullptr);
+    ASSERT_NE(rt2, nullptr);
+    EXPECT_EQ(rt1->Stats().analytic_delay, expected_n1[stage]) << stage;
+    EXPECT_EQ(rt2->Stats().analytic_delay, expected_n2[stage]) << stage;
+    EXPECT_EQ(rt1->is_first(), stage == 0);
+    EXPECT_EQ(rt1->is_last(), stage == 3);
+  }
+}
+
+TEST(StageRuntimePipeMareTest, T1OffOnLastStageAndWithoutK) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
+  v1::StageAssignment last = Assignment("pipemare", 3, 4, 3, 1, model);
+  last.set_lr_anneal_steps(100);
+  auto rt = MustCreate(last);
+  ASSERT_NE(rt, nullptr);
+  EXPECT_DOUBLE_EQ(rt->Stats().learning_rate, 0.1);
+  auto first = MustCreate(Assignment("pipemare", 0, 4, 0, 1, model));  // K = 0
+  ASSERT_NE(first, nullptr);
+  EXPECT_DOUBLE_EQ(first->Stats().learning_rate, 0.1);
+}
+
+// ---------------------------------------------------------------------------
+// pipemare T2
+
+// A by-hand PipeMare T2 stage: weights w, velocity δ, a module to take
+// gradients at u = w - τ δ, and plain SGD.
+class T2Reference {
+ public:
+  T2Reference(const v1::ModelSpec& model, int first, int units, double lr, int tau, double gamma)
+      : module_(MustBuild(model, first, units)), lr_(lr), tau_(tau), gamma_(gamma) {
+    w_ = Snapshot(module_->parameters());
+    for (const auto& p : w_) delta_.push_back(torch::zeros_like(p));
+  }
+
+  // One microbatch forward + backward + step; returns dL/dx at u.
+  torch::Tensor Step(const torch::Tensor& x, const torch::Tensor& g) {
+    auto params = module_->parameters();
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t j = 0; j < params.size(); ++j) {
+        params[j].copy_(T2BackwardWeights(w_[j], delta_[j], tau_));
+        params[j].mutable_grad() = torch::Tensor();
+      }
+    }
+    torch::Tensor xin = x.detach().clone().requires_grad_(true);
+    module_->forward(xin).backward(g);
+    torch::NoGradGuard no_grad;
+    for (size_t j = 0; j < params.size(); ++j) {
+      torch::Tensor w_next = w_[j] - lr_ * params[j].grad();
+      delta_[j] = T2Velocity(delta_[j], w_next, w_[j], gamma_);
+      w_[j] = w_next;
+    }
+    return xin.grad().detach();
+  }
+
+  const std::vector<torch::Tensor>& weights() const { return w_; }
+
+ private:
+  torch::nn::Sequential module_;
+  double lr_;
+  int tau_;
+  double gamma_;
+  std::vector<torch::Tensor> w_;
+  std::vector<torch::Tensor> delta_;
+};
+
+// Plain SGD by hand (u = w), to check that T2 made a difference.
+std::vector<torch::Tensor> PlainSgd(const v1::ModelSpec& model, int first, int units, double lr,
+                                    const std::vector<torch::Tensor>& xs,
+                                    const std::vector<torch::Tensor>& gs) {
+  T2Reference plain(model, first, units, lr, 0, 0.0);
+  for (size_t m = 0; m < xs.size(); ++m) plain.Step(xs[m], gs[m]);
+  return plain.weights();
+}
+
+TEST(StageRuntimePipeMareTest, T2BackwardAtDiscrepancyCorrectedWeights) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2}, "tanh");
+  v1::StageAssignment a = Assignment("pipemare", 0, 4, 0, 2, model, 0.1);
+  a.mutable_schedule()->set_discrepancy_decay(0.1);
+  a.set_lr_anneal_steps(0);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  ASSERT_EQ(rt->Stats().analytic_delay, 3);
+  const double gamma = std::pow(0.1, 1.0 / 3.0);
+  EXPECT_NEAR(T2Gamma(0.1, 3), gamma, 1e-15);
+
+  T2Reference ref(model, 0, 2, 0.1, 3, gamma);
+  std::vector<torch::Tensor> xs, gs;
+  for (int m = 0; m < 3; ++m) {
+    xs.push_back(Inputs(400 + m));
+    torch::manual_seed(500 + m);
+    gs.push_back(torch::randn({kBatch, 3}));
+  }
+  for (int m = 0; m < 3; ++m) {
+    ASSERT_TRUE(rt->Forward(m + 1, xs[m], true).ok());
+    auto gi = rt->Backward(m + 1, gs[m]);
+    ASSERT_TRUE(gi.ok()) << gi.status();
+    EXPECT_FALSE(gi->defined()) << "stage 0 has no input gradient";
+    ref.Step(xs[m], gs[m]);
+    EXPECT_EQ(rt->Stats().steps, m + 1);
+    EXPECT_DOUBLE_EQ(rt->Stats().learning_rate, 0.1);
+    ExpectAllClose(rt->Parameters(), ref.weights(), 1e-5, 1e-6);
+  }
+  const auto plain = PlainSgd(model, 0, 2, 0.1, xs, gs);
+  EXPECT_GT(MaxAbsDiff(plain, ref.weights()), 1e-4)
+      << "the test inputs should make T2 differ from plain SGD";
+  EXPECT_GT(MaxAbsDiff(plain, rt->Parameters()), 1e-4);
+}
+
+TEST(StageRuntimePipeMareTest, T2InputGradientOnAMiddleStage) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2}, "tanh");
+  v1::StageAssignment a = Assignment("pipemare", 1, 4, 1, 2, model, 0.2);
+  a.mutable_schedule()->set_discrepancy_decay(0.3);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  ASSERT_EQ(rt->Stats().analytic_delay, 2);
+  T2Reference ref(model, 1, 2, 0.2, 2, std::sqrt(0.3));
+  for (int m = 0; m < 3; ++m) {
+    const torch::Tensor x = Inputs(600 + m, 3);
+    torch::manual_seed(700 + m);
+    const torch::Tensor g = torch::randn({kBatch, 3});
+    ASSERT_TRUE(rt->Forward(m, x, true).ok());
+    auto gi = rt->Backward(m, g);
+    ASSERT_TRUE(gi.ok()) << gi.status();
+    ASSERT_TRUE(gi->defined());
+    torch::Tensor expected = ref.Step(x, g);
+    EXPECT_EQ(gi->sizes(), x.sizes());
+    EXPECT_TRUE(torch::allclose(*gi, expected, 1e-5, 1e-6)) << m << "\n" << *gi << expected;
+    ExpectAllClose(rt->Parameters(), ref.weights(), 1e-5, 1e-6);
+  }
+}
+
+TEST(StageRuntimePipeMareTest, T2OffWithNegativeDecay) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2}, "tanh");
+  v1::StageAssignment a = Assignment("pipemare", 0, 4, 0, 2, model, 0.1);
+  a.mutable_schedule()->set_discrepancy_decay(-1);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  std::vector<torch::Tensor> xs, gs;
+  for (int m = 0; m < 3; ++m) {
+    xs.push_back(Inputs(800 + m));
+    torch::manual_seed(900 + m);
+    gs.push_back(torch::randn({kBatch, 3}));
+    ASSERT_TRUE(rt->Forward(m, xs[m], true).ok());
+    ASSERT_TRUE(rt->Backward(m, gs[m]).ok());
+  }
+  ExpectAllClose(rt->Parameters(), PlainSgd(model, 0, 2, 0.1, xs, gs), 1e-5, 1e-6);
+}
+
+// ---------------------------------------------------------------------------
+// Delay bookkeeping
+
+TEST(StageRuntimeStatsTest, MeasuredDelayCountsStepsBetweenForwardAndBackward) {
+  auto rt = MustCreate(SingleStage("gpipe", 1));
+  ASSERT_NE(rt, nullptr);
+  for (uint64_t m = 1; m <= 3; ++m) {
+    ASSERT_TRUE(rt->ForwardLoss(m, Inputs(m), Targets(10 + m), true).ok());
+  }
+  for (uint64_t m = 1; m <= 3; ++m) ASSERT_TRUE(rt->Backward(m, torch::Tensor()).ok());
+  StageStats s = rt->Stats();
+  EXPECT_EQ(s.forwards, 3);
+  EXPECT_EQ(s.backwards, 3);
+  EXPECT_EQ(s.steps, 3);
+  EXPECT_DOUBLE_EQ(s.measured_delay, (0.0 + 1.0 + 2.0) / 3.0);
+}
+
+TEST(StageRuntimeStatsTest, InterleavedHasNoDelay) {
+  auto rt = MustCreate(SingleStage("gpipe", 1));
+  ASSERT_NE(rt, nullptr);
+  for (uint64_t m = 1; m <= 3; ++m) {
+    ASSERT_TRUE(rt->ForwardLoss(m, Inputs(m), Targets(10 + m), true).ok());
+    ASSERT_TRUE(rt->Backward(m, torch::Tensor()).ok());
+  }
+  EXPECT_DOUBLE_EQ(rt->Stats().measured_delay, 0.0);
+  EXPECT_EQ(rt->Stats().steps, 3);
+}
+
+TEST(StageRuntimeStatsTest, EvalForwardsAreNotCountedOrSaved) {
+  auto rt = MustCreate(SingleStage("gpipe", 1));
+  ASSERT_NE(rt, nullptr);
+  auto r = rt->ForwardLoss(1, Inputs(1), Targets(2), false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->count, kBatch);
+  // Eval may reuse an id, and there is nothing to differentiate.
+  ASSERT_TRUE(rt->ForwardLoss(1, Inputs(1), Targets(2), false).ok());
+  EXPECT_EQ(rt->Stats().forwards, 0);
+  EXPECT_EQ(rt->Backward(1, torch::Tensor()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+
+TEST(StageRuntimeErrorTest, BackwardOfUnknownMicrobatch) {
+  auto rt = MustCreate(SingleStage("gpipe", 1));
+  ASSERT_NE(rt, nullptr);
+  auto g = rt->Backward(42, torch::Tensor());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("42"));
+  // A backward consumes the saved microbatch: a second one is unknown.
+  ASSERT_TRUE(rt->ForwardLoss(1, Inputs(1), Targets(2), true).ok());
+  ASSERT_TRUE(rt->Backward(1, torch::Tensor()).ok());
+  EXPECT_FALSE(rt->Backward(1, torch::Tensor()).ok());
+}
+
+TEST(StageRuntimeErrorTest, DuplicateTrainingForward) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
+  auto rt = MustCreate(Assignment("pipemare", 0, 4, 0, 1, model));
+  ASSERT_NE(rt, nullptr);
+  ASSERT_TRUE(rt->Forward(7, Inputs(1), true).ok());
+  auto again = rt->Forward(7, Inputs(1), true);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("7"));
+  EXPECT_TRUE(rt->Forward(7, Inputs(1), false).ok()) << "eval forwards do not collide";
+  EXPECT_EQ(rt->Stats().forwards, 1);
+}
+
+TEST(StageRuntimeErrorTest, WrongInputWidthIsAStatus) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
+  auto rt = MustCreate(Assignment("pipemare", 0, 4, 0, 1, model));
+  ASSERT_NE(rt, nullptr);
+  auto out = rt->Forward(1, Inputs(1, 7), true);
+  EXPECT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << out.status();
+  EXPECT_EQ(rt->Stats().forwards, 0);
+  // The failed forward saved nothing: the id is still free.
+  auto ok = rt->Forward(1, Inputs(1), true);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->sizes(), (std::vector<int64_t>{kBatch, 3}));
+
+  auto last = MustCreate(SingleStage("gpipe", 1));
+  ASSERT_NE(last, nullptr);
+  EXPECT_FALSE(last->ForwardLoss(1, Inputs(1, 5), Targets(2), true).ok());
+}
+
+TEST(StageRuntimeErrorTest, ForwardLossOnANonLastStage) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
+  auto rt = MustCreate(Assignment("pipemare", 0, 4, 0, 1, model));
+  ASSERT_NE(rt, nullptr);
+  auto r = rt->ForwardLoss(1, Inputs(1), Targets(2), true);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(StageRuntimeErrorTest, TargetsOutOfRangeAreInvalidArgument) {
+  auto rt = MustCreate(SingleStage("gpipe", 1));
+  ASSERT_NE(rt, nullptr);
+  uint64_t id = 1;
+  // Class ids outside 0..1.
+  for (int64_t bad : {2, -1}) {
+    torch::Tensor t = torch::zeros({kBatch}, torch::kInt64);
+    t[3] = bad;
+    auto r = rt->ForwardLoss(id++, Inputs(1), t, true);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("0..1"));
+  }
+}
+
+TEST(StageRuntimeErrorTest, BadTargetTypesAndShapes) {
+  auto rt = MustCreate(SingleStage("gpipe", 1));
+  ASSERT_NE(rt, nullptr);
+  const torch::Tensor x = Inputs(1);
+  uint64_t id = 1;
+  // Wrong dtype, length and rank.
+  EXPECT_EQ(rt->ForwardLoss(id++, x, torch::zeros({kBatch}, torch::kFloat32), true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt->ForwardLoss(id++, x, torch::zeros({kBatch}, torch::kInt32), true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      rt->ForwardLoss(id++, x, torch::zeros({kBatch + 1}, torch::kInt64), true).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      rt->ForwardLoss(id++, x, torch::zeros({kBatch, 1}, torch::kInt64), true).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt->Stats().steps, 0);
+}
+
+TEST(StageRuntimeErrorTest, MissingOrMisshapenGradientOnANonLastStage) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
+  auto rt = MustCreate(Assignment("pipemare", 0, 4, 0, 1, model));
+  ASSERT_NE(rt, nullptr);
+  ASSERT_TRUE(rt->Forward(1, Inputs(1), true).ok());
+  auto g = rt->Backward(1, torch::Tensor());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(rt->Forward(2, Inputs(2), true).ok());
+  auto h = rt->Backward(2, torch::zeros({kBatch, 4}));
+  EXPECT_FALSE(h.ok());
+  EXPECT_EQ(rt->Stats().steps, 0);
+}
+
+TEST(StageRuntimeErrorTest, MisshapenGradientIsInvalidArgument) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
+  auto rt = MustCreate(Assignment("pipemare", 0, 4, 0, 1, model));
+  ASSERT_NE(rt, nullptr);
+  ASSERT_TRUE(rt->Forward(1, Inputs(1), true).ok());
+  auto h = rt->Backward(1, torch::zeros({kBatch, 4}));
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << h.status();
+  EXPECT_THAT(std::string(h.status().message()), HasSubstr("shape"));
+}
+
+TEST(StageRuntimeErrorTest, FailedT2BackwardLeavesWeightsAtWt) {
+  // T2 swaps the parameters to u_bkwd for the backward; a backward that
+  // fails must not leave them there.
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2}, "tanh");
+  v1::StageAssignment a = Assignment("pipemare", 0, 4, 0, 2, model, 0.1);
+  a.mutable_schedule()->set_discrepancy_decay(0.1);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  torch::manual_seed(5);
+  ASSERT_TRUE(rt->Forward(1, Inputs(1), true).ok());
+  ASSERT_TRUE(rt->Backward(1, torch::randn({kBatch, 3})).ok());  // δ is now non-zero
+  const auto w_t = Snapshot(rt->Parameters());
+  ASSERT_TRUE(rt->Forward(2, Inputs(2), true).ok());
+  auto bad = rt->Backward(2, torch::zeros({kBatch, 4}));  // wrong gradient shape
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(rt->Stats().steps, 1);
+  ExpectAllClose(rt->Parameters(), w_t, 0, 0);
+}
+
+TEST(StageRuntimeErrorTest, CreateRejectsBadAssignments) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 2});
+  struct Case {
+    const char* field;
+    v1::StageAssignment a;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"stage", Assignment("gpipe", 1, 1, 0, 3, model)});
+  cases.push_back({"stage", Assignment("gpipe", 4, 2, 0, 3, model)});
+  cases.push_back({"stage", Assignment("gpipe", -1, 2, 0, 3, model)});
+  cases.push_back({"num_stages", Assignment("gpipe", 0, 0, 0, 3, model)});
+  cases.push_back({"schedule.type", Assignment("foo", 0, 1, 0, 3, model)});
+  cases.push_back({"optimizer.lr", Assignment("gpipe", 0, 1, 0, 3, model, 0.0)});
+  cases.push_back(
+      {"schedule.microbatches_per_step", Assignment("gpipe", 0, 1, 0, 3, model, 0.1, 0)});
+  Case adam{"optimizer.type", Assignment("gpipe", 0, 1, 0, 3, model)};
+  adam.a.mutable_optimizer()->set_type("adam");
+  cases.push_back(adam);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.a.ShortDebugString());
+    auto rt = StageRuntime::Create(c.a);
+    EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument) << rt.status();
+    EXPECT_THAT(std::string(rt.status().message()), HasSubstr(c.field));
+  }
+}
+
+TEST(StageRuntimeErrorTest, CreateRejectsBadUnitRangeAndModelAsInvalidArgument) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 2});
+  struct Case {
+    const char* field;
+    v1::StageAssignment a;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"units", Assignment("gpipe", 0, 2, 2, 2, model)});
+  cases.push_back({"units", Assignment("gpipe", 0, 2, 3, 1, model)});
+  cases.push_back({"units", Assignment("gpipe", 0, 2, 0, 0, model)});
+  cases.push_back({"units", Assignment("gpipe", 0, 2, -1, 1, model)});
+  Case cnn{"model.type", Assignment("gpipe", 0, 1, 0, 3, model)};
+  cnn.a.mutable_model()->set_type("cnn");
+  cases.push_back(cnn);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.a.ShortDebugString());
+    auto rt = StageRuntime::Create(c.a);
+    EXPECT_FALSE(rt.ok());
+    EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument) << rt.status();
+    EXPECT_THAT(std::string(rt.status().message()), HasSubstr(c.field));
+  }
+}
+
+TEST(ParseScheduleKindTest, Values) {
+  EXPECT_EQ(*ParseScheduleKind("gpipe"), ScheduleKind::kGPipe);
+  EXPECT_EQ(*ParseScheduleKind("pipemare"), ScheduleKind::kPipeMare);
+  auto bad = ParseScheduleKind("PipeMare");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("pipemare, gpipe"));
+}
+
+}  // namespace
+}  // namespace pipemare

@@ -1,0 +1,143 @@
+#include "tests/cluster.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace pipemare::testing {
+
+namespace {
+template <typename M>
+bool ParseJson(const std::string& json, M* msg) {
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  return google::protobuf::util::JsonStringToMessage(json, msg, options).ok();
+}
+}  // namespace
+
+Cluster::Cluster(int workers, std::vector<std::string> coordinator_flags)
+    : dir_(MakeTempDir()), coordinator_flags_(std::move(coordinator_flags)) {
+  StartCoordinator();
+  if (address_.empty()) return;
+  for (int i = 0; i < workers; ++i) AddWorker();
+  ok_ = WaitFor(60, [&] { return CountWorkers(v1::IDLE) == workers; });
+  if (!ok_) std::cerr << "cluster did not come up:\n" << Logs() << std::endl;
+}
+
+Cluster::~Cluster() {
+  for (auto& w : workers_) w->Signal(SIGTERM);
+  if (coordinator_) coordinator_->Signal(SIGTERM);
+  for (auto& w : workers_) {
+    if (w->Wait(10) < 0) w->Signal(SIGKILL);
+  }
+  if (coordinator_ && coordinator_->Wait(10) < 0) coordinator_->Signal(SIGKILL);
+}
+
+void Cluster::StartCoordinator() {
+  const std::string addr_file = absl::StrCat(dir_, "/coordinator.addr");
+  unlink(addr_file.c_str());
+  // Restarts reuse the same port so workers find the coordinator again.
+  const std::string listen = address_.empty() ? "127.0.0.1:0" : address_;
+  std::vector<std::string> argv = {BinDir() + "/pipemare-coordinator", "--listen", listen,
+                                   "--address-file", addr_file};
+  argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
+  coordinator_ = std::make_unique<Process>(
+      argv, absl::StrCat(dir_, "/coordinator-", ++coordinator_starts_, ".log"));
+  std::string addr;
+  WaitFor(30, [&] {
+    addr = ReadFile(addr_file);
+    return !addr.empty() || !coordinator_->Running();
+  });
+  while (!addr.empty() && (addr.back() == '\n')) addr.pop_back();
+  address_ = addr;
+}
+
+void Cluster::AddWorker() {
+  const int i = static_cast<int>(workers_.size());
+  workers_.push_back(std::make_unique<Process>(
+      std::vector<std::string>{BinDir() + "/pipemare-worker", "--coordinator", address_,
+                               "--listen", "127.0.0.1:0", "--threads", "1",
+                               "--coordinator-timeout", "4"},
+      absl::StrCat(dir_, "/worker-", i, ".log")));
+}
+
+CommandResult Cluster::Ctl(const std::vector<std::string>& args, double timeout_seconds) {
+  std::vector<std::string> argv = {BinDir() + "/pipemarectl", "--coordinator", address_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Run(argv, timeout_seconds);
+}
+
+std::string Cluster::WriteSpec(const std::string& name, const std::string& yaml) {
+  const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
+  FILE* f = fopen(path.c_str(), "w");
+  fputs(yaml.c_str(), f);
+  fclose(f);
+  return path;
+}
+
+v1::JobStatus Cluster::Status(const std::string& job_id) {
+  v1::JobStatus s;
+  auto r = Ctl({"status", job_id, "--output", "json"}, 20);
+  if (r.exit_code == 0) ParseJson(r.out, &s);
+  return s;
+}
+
+v1::ListWorkersResponse Cluster::Workers() {
+  v1::ListWorkersResponse w;
+  auto r = Ctl({"workers", "--output", "json"}, 20);
+  if (r.exit_code == 0) ParseJson(r.out, &w);
+  return w;
+}
+
+int Cluster::CountWorkers(v1::WorkerState state) {
+  int n = 0;
+  const v1::ListWorkersResponse workers = Workers();
+  for (const auto& w : workers.workers()) n += w.state() == state;
+  return n;
+}
+
+std::string Cluster::Submit(const std::string& spec_path) {
+  auto r = Ctl({"submit", spec_path, "--output", "json"}, 20);
+  v1::JobStatus s;
+  if (r.exit_code != 0 || !ParseJson(r.out, &s)) {
+    std::cerr << "submit failed (" << r.exit_code << "): " << r.out << r.err << std::endl;
+    return "";
+  }
+  return s.id();
+}
+
+v1::JobStatus Cluster::WaitForEnd(const std::string& job_id, double seconds) {
+  v1::JobStatus s;
+  WaitFor(seconds, [&] {
+    s = Status(job_id);
+    return s.state() == v1::SUCCEEDED || s.state() == v1::FAILED || s.state() == v1::CANCELLED;
+  });
+  return s;
+}
+
+std::string Cluster::Logs() {
+  std::string all;
+  if (coordinator_) all += "--- coordinator\n" + coordinator_->Log();
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    all += absl::StrCat("--- worker ", i, "\n", workers_[i]->Log());
+  }
+  return all;
+}
+
+std::string ShortSpec(const std::string& name, const std::string& schedule, int stages,
+                      int64_t train_limit, int epochs) {
+  return absl::StrCat("name: ", name, R"(
+model: {type: mlp, layers: [784, 256, 128, 64, 10], activation: relu}
+data: {type: mnist, path: )", MnistDir(), ", train_limit: ", train_limit, R"(, test_limit: 2000}
+optimizer: {type: sgd, lr: 0.05, momentum: 0.5}
+schedule: {type: )", schedule, ", stages: ", stages, R"(, microbatch_size: 32,
+           lr_anneal_steps: 100, discrepancy_decay: 0.1}
+train: {epochs: )", epochs, R"(, seed: 3}
+)");
+}
+
+}  // namespace pipemare::testing

@@ -1,0 +1,63 @@
+// A real local cluster for multi-process tests: one pipemare-coordinator and
+// N pipemare-worker processes on loopback, plus helpers that drive them
+// through the real pipemarectl client.
+#ifndef PIPEMARE_TESTS_CLUSTER_H_
+#define PIPEMARE_TESTS_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipemare/v1/pipemare.pb.h"
+#include "tests/process.h"
+
+namespace pipemare::testing {
+
+class Cluster {
+ public:
+  // Starts the coordinator (and `workers` workers) and waits until all are
+  // registered and IDLE. Check ok() after constructing.
+  explicit Cluster(int workers, std::vector<std::string> coordinator_flags = {});
+  ~Cluster();
+
+  bool ok() const { return ok_; }
+  const std::string& address() const { return address_; }
+  const std::string& dir() const { return dir_; }
+
+  void StartCoordinator();
+  void AddWorker();
+  Process& coordinator() { return *coordinator_; }
+  Process& worker(int i) { return *workers_[i]; }
+  int worker_count() const { return static_cast<int>(workers_.size()); }
+
+  // pipemarectl --coordinator ADDR <args...>
+  CommandResult Ctl(const std::vector<std::string>& args, double timeout_seconds = 120);
+  // Writes `yaml` to a spec file in the cluster dir; returns its path.
+  std::string WriteSpec(const std::string& name, const std::string& yaml);
+  // `status JOB --output json` parsed; an empty status on failure.
+  v1::JobStatus Status(const std::string& job_id);
+  v1::ListWorkersResponse Workers();
+  // Submits (without waiting) and returns the job id, or "" on failure.
+  std::string Submit(const std::string& spec_path);
+  // Waits until the job reaches a terminal state; returns the final status.
+  v1::JobStatus WaitForEnd(const std::string& job_id, double seconds);
+  int CountWorkers(v1::WorkerState state);
+  std::string Logs();
+
+ private:
+  std::string dir_;
+  std::string address_;
+  std::vector<std::string> coordinator_flags_;
+  std::unique_ptr<Process> coordinator_;
+  std::vector<std::unique_ptr<Process>> workers_;
+  bool ok_ = false;
+  int coordinator_starts_ = 0;
+};
+
+// A short MNIST job spec in YAML (real data, a few hundred steps).
+std::string ShortSpec(const std::string& name, const std::string& schedule, int stages,
+                      int64_t train_limit, int epochs = 1);
+
+}  // namespace pipemare::testing
+
+#endif  // PIPEMARE_TESTS_CLUSTER_H_

@@ -1,0 +1,111 @@
+// Multi-process tests: a real coordinator and real workers on loopback,
+// driven through the real pipemarectl client. Label: multiprocess.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "tests/cluster.h"
+
+namespace pipemare::testing {
+namespace {
+
+TEST(EndToEnd, PipeMareTrainsAndClientReportsIt) {
+  Cluster cluster(4);
+  ASSERT_TRUE(cluster.ok());
+  const std::string spec = cluster.WriteSpec("train", ShortSpec("e2e-train", "pipemare", 4, 12800));
+  auto submit = cluster.Ctl({"submit", spec, "--wait"}, 300);
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+  EXPECT_TRUE(absl::StrContains(submit.out, "SUCCEEDED")) << submit.out;
+
+  auto list = cluster.Ctl({"list"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_TRUE(absl::StrContains(list.out, "e2e-train")) << list.out;
+  EXPECT_TRUE(absl::StrContains(list.out, "SUCCEEDED")) << list.out;
+
+  v1::JobStatus job = cluster.Status("job-1");
+  EXPECT_EQ(job.id(), "job-1");
+  EXPECT_EQ(job.name(), "e2e-train");
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(job.schedule(), "pipemare");
+  ASSERT_EQ(job.stages_size(), 4);
+  int units = 0;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(job.stages(i).index(), i);
+    EXPECT_FALSE(job.stages(i).worker_address().empty());
+    EXPECT_EQ(job.stages(i).first_unit(), units);
+    units += job.stages(i).units();
+    // Asynchronous 1F1B with P = 4, N = 1: τ_i = 3 - i, measured as such.
+    EXPECT_EQ(job.stages(i).analytic_delay(), 3 - i);
+    EXPECT_NEAR(job.stages(i).measured_delay(), 3 - i, 0.05) << "stage " << i;
+  }
+  EXPECT_EQ(units, 4);
+  EXPECT_EQ(job.progress().step(), job.progress().total_steps());
+  EXPECT_EQ(job.progress().total_steps(), 12800 / 32);
+  EXPECT_GE(job.metrics().test_accuracy(), 0.88) << "a real model learns MNIST";
+  EXPECT_GT(job.metrics().samples_per_second(), 0);
+  EXPECT_GT(job.metrics().train_loss(), 0);
+  ASSERT_EQ(job.epochs_size(), 1);
+
+  auto status_table = cluster.Ctl({"status", "job-1"});
+  EXPECT_EQ(status_table.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(status_table.out, "SUCCEEDED")) << status_table.out;
+
+  auto workers = cluster.Ctl({"workers"});
+  EXPECT_EQ(workers.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(workers.out, "IDLE")) << workers.out;
+  EXPECT_EQ(cluster.CountWorkers(v1::IDLE), 4) << "workers return to idle after the job";
+}
+
+TEST(EndToEnd, GPipeTrainsWithZeroDelay) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok());
+  const std::string spec = cluster.WriteSpec("gpipe", ShortSpec("e2e-gpipe", "gpipe", 2, 12800));
+  auto submit = cluster.Ctl({"submit", spec, "--wait"}, 300);
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+  v1::JobStatus job = cluster.Status("job-1");
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  ASSERT_EQ(job.stages_size(), 2);
+  for (const auto& s : job.stages()) EXPECT_EQ(s.measured_delay(), 0) << "synchronous: τ = 0";
+  EXPECT_GE(job.metrics().test_accuracy(), 0.85);
+}
+
+TEST(EndToEnd, SecondJobWaitsInPendingThenRuns) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok());
+  const std::string a = cluster.WriteSpec("a", ShortSpec("first", "pipemare", 2, 19200));
+  const std::string b = cluster.WriteSpec("b", ShortSpec("second", "pipemare", 2, 3200));
+  const std::string first = cluster.Submit(a);
+  ASSERT_FALSE(first.empty());
+  ASSERT_TRUE(WaitFor(30, [&] { return cluster.Status(first).state() == v1::RUNNING; }));
+  const std::string second = cluster.Submit(b);
+  ASSERT_FALSE(second.empty());
+  v1::JobStatus pending = cluster.Status(second);
+  EXPECT_EQ(pending.state(), v1::PENDING);
+  EXPECT_TRUE(WaitFor(5, [&] {
+    return absl::StrContains(cluster.Status(second).reason(), "waiting for 2 idle workers");
+  })) << cluster.Status(second).reason();
+  EXPECT_EQ(cluster.Status(first).state(), v1::RUNNING) << "the first job is still running";
+  EXPECT_EQ(cluster.WaitForEnd(first, 300).state(), v1::SUCCEEDED) << cluster.Logs();
+  EXPECT_EQ(cluster.WaitForEnd(second, 300).state(), v1::SUCCEEDED) << cluster.Logs();
+}
+
+TEST(EndToEnd, CancelStopsARunningJobAndFreesWorkers) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok());
+  const std::string spec = cluster.WriteSpec("long", ShortSpec("long", "pipemare", 2, 60000, 5));
+  const std::string id = cluster.Submit(spec);
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(WaitFor(30, [&] { return cluster.Status(id).progress().step() > 10; }));
+  auto cancel = cluster.Ctl({"cancel", id});
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
+  EXPECT_EQ(cluster.WaitForEnd(id, 20).state(), v1::CANCELLED);
+  EXPECT_TRUE(WaitFor(10, [&] { return cluster.CountWorkers(v1::IDLE) == 2; }));
+  auto again = cluster.Ctl({"cancel", id});
+  EXPECT_NE(again.exit_code, 0) << "cancelling an ended job is refused";
+}
+
+}  // namespace
+}  // namespace pipemare::testing

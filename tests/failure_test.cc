@@ -1,0 +1,88 @@
+// Failures: killing a worker or the coordinator mid-job never leaves a
+// process blocked; the job ends FAILED with a reason, and the remaining
+// processes return to idle. Label: multiprocess.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "absl/strings/match.h"
+#include "tests/cluster.h"
+
+namespace pipemare::testing {
+namespace {
+
+int WorkerIndexForStage(Cluster& cluster, const v1::JobStatus& job, int stage) {
+  const std::string addr = job.stages(stage).worker_address();
+  auto workers = cluster.Workers();
+  for (int i = 0; i < cluster.worker_count(); ++i) {
+    // Worker i's log names the address it serves on.
+    if (absl::StrContains(cluster.worker(i).Log(), "serving on " + addr)) return i;
+  }
+  return -1;
+}
+
+TEST(Failure, KilledWorkerFailsTheJobAndOthersReturnToIdle) {
+  Cluster cluster(3, {"--worker-timeout", "3"});
+  ASSERT_TRUE(cluster.ok());
+  const std::string spec = cluster.WriteSpec("long", ShortSpec("victim", "pipemare", 3, 60000, 5));
+  const std::string id = cluster.Submit(spec);
+  ASSERT_FALSE(id.empty());
+  v1::JobStatus job;
+  ASSERT_TRUE(WaitFor(60, [&] {
+    job = cluster.Status(id);
+    return job.progress().step() > 20;
+  }));
+  const int victim = WorkerIndexForStage(cluster, job, 1);
+  ASSERT_GE(victim, 0);
+  cluster.worker(victim).Signal(SIGKILL);
+
+  v1::JobStatus end = cluster.WaitForEnd(id, 30);
+  EXPECT_EQ(end.state(), v1::FAILED) << cluster.Logs();
+  EXPECT_TRUE(absl::StrContains(end.reason(), "stage")) << end.reason();
+  EXPECT_TRUE(WaitFor(15, [&] {
+    return cluster.CountWorkers(v1::IDLE) == 2 && cluster.CountWorkers(v1::LOST) == 1;
+  })) << cluster.Logs();
+  EXPECT_TRUE(cluster.coordinator().Running());
+  // Nobody is stuck: every survivor stops promptly when asked.
+  for (int i = 0; i < cluster.worker_count(); ++i) {
+    if (i == victim) continue;
+    cluster.worker(i).Signal(SIGTERM);
+    EXPECT_GE(cluster.worker(i).Wait(10), 0) << "worker " << i << " did not exit";
+  }
+  cluster.coordinator().Signal(SIGTERM);
+  EXPECT_GE(cluster.coordinator().Wait(10), 0) << "coordinator did not exit";
+}
+
+TEST(Failure, KilledCoordinatorLeavesWorkersIdleAndTheRestartedOneReportsFailed) {
+  const std::string state = MakeTempDir();
+  Cluster cluster(2, {"--state-dir", state, "--worker-timeout", "3"});
+  ASSERT_TRUE(cluster.ok());
+  const std::string spec = cluster.WriteSpec("long", ShortSpec("orphan", "pipemare", 2, 60000, 5));
+  const std::string id = cluster.Submit(spec);
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(WaitFor(60, [&] { return cluster.Status(id).progress().step() > 20; }));
+  cluster.coordinator().Signal(SIGKILL);
+  cluster.coordinator().Wait(10);
+
+  // Workers notice (broken feeds, failing heartbeats), drop the stage and
+  // keep running, waiting for a coordinator.
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(WaitFor(20, [&] {
+      return absl::StrContains(cluster.worker(i).Log(), "dropping job") ||
+             absl::StrContains(cluster.worker(i).Log(), "released job");
+    })) << cluster.worker(i).Log();
+    EXPECT_TRUE(cluster.worker(i).Running());
+  }
+  cluster.StartCoordinator();
+  ASSERT_FALSE(cluster.address().empty());
+  v1::JobStatus job = cluster.Status(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "coordinator stopped")) << job.reason();
+  EXPECT_TRUE(WaitFor(20, [&] { return cluster.CountWorkers(v1::IDLE) == 2; })) << cluster.Logs();
+  // And the cluster works again.
+  const std::string again = cluster.Submit(cluster.WriteSpec("again", ShortSpec("again", "pipemare", 2, 3200)));
+  ASSERT_FALSE(again.empty());
+  EXPECT_EQ(cluster.WaitForEnd(again, 120).state(), v1::SUCCEEDED) << cluster.Logs();
+}
+
+}  // namespace
+}  // namespace pipemare::testing
