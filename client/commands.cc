@@ -13,8 +13,7 @@ namespace {
 
 int64_t NowUnixMs() {
   using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch())
-      .count();
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
 
 // Prints a whole message as JSON on stdout.
@@ -31,8 +30,7 @@ void PrintText(const std::string& text) {
 
 // Follows `job_id` like `watch`; stops watching (the job keeps running) on
 // SIGINT/SIGTERM.
-int Follow(v1::Coordinator::Stub& stub, const GlobalOptions& options,
-           const std::string& job_id) {
+int Follow(v1::Coordinator::Stub& stub, const GlobalOptions& options, const std::string& job_id) {
   InstallInterruptHandlers();
   FollowOptions follow;
   follow.address = options.coordinator;
@@ -137,8 +135,7 @@ int RunList(const GlobalOptions& options) {
   auto stub = ConnectCoordinator(options.coordinator);
   auto context = ContextWithDeadline(kRpcDeadlineSeconds);
   v1::ListJobsResponse response;
-  grpc::Status status =
-      stub->ListJobs(context.get(), v1::ListJobsRequest(), &response);
+  grpc::Status status = stub->ListJobs(context.get(), v1::ListJobsRequest(), &response);
   if (!status.ok()) return ReportRpcError(status, options.coordinator);
   if (options.output == OutputFormat::kJson) {
     PrintJson(response);
@@ -173,8 +170,7 @@ int RunWorkers(const GlobalOptions& options) {
   auto stub = ConnectCoordinator(options.coordinator);
   auto context = ContextWithDeadline(kRpcDeadlineSeconds);
   v1::ListWorkersResponse response;
-  grpc::Status status =
-      stub->ListWorkers(context.get(), v1::ListWorkersRequest(), &response);
+  grpc::Status status = stub->ListWorkers(context.get(), v1::ListWorkersRequest(), &response);
   if (!status.ok()) return ReportRpcError(status, options.coordinator);
   if (options.output == OutputFormat::kJson) {
     PrintJson(response);

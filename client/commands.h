@@ -16,8 +16,8 @@ namespace pipemare::client {
 
 // Exit codes.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailed = 1;      // job did not succeed, RPC failed
-inline constexpr int kExitBadInput = 2;    // invalid spec or arguments
+inline constexpr int kExitFailed = 1;    // job did not succeed, RPC failed
+inline constexpr int kExitBadInput = 2;  // invalid spec or arguments
 inline constexpr int kExitInterrupted = 130;
 
 // Deadline of every unary RPC, in seconds.

@@ -18,8 +18,7 @@ namespace pipemare::client {
 namespace {
 
 std::atomic<bool> g_interrupted{false};
-static_assert(std::atomic<bool>::is_always_lock_free,
-              "the signal handler needs a lock-free flag");
+static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
 
 extern "C" void HandleInterrupt(int signal_number) {
   if (g_interrupted.exchange(true)) {
@@ -56,8 +55,8 @@ bool SleepUnlessInterrupted(double seconds) {
   return !Interrupted();
 }
 
-FollowResult FollowJob(v1::Coordinator::StubInterface& stub,
-                       const std::string& job_id, const FollowOptions& options) {
+FollowResult FollowJob(v1::Coordinator::StubInterface& stub, const std::string& job_id,
+                       const FollowOptions& options) {
   FILE* progress_out = options.output == OutputFormat::kJson ? stderr : stdout;
   ProgressPrinter printer(progress_out, isatty(fileno(progress_out)) == 1);
   FollowResult result;
@@ -80,8 +79,7 @@ FollowResult FollowJob(v1::Coordinator::StubInterface& stub,
     grpc::ClientContext context;
     std::atomic<int64_t> last_message_ms{0};
     auto since_start_ms = [start = Clock::now()] {
-      return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start)
-          .count();
+      return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
     };
     std::atomic<CancelCause> cause{CancelCause::kNone};
     std::mutex mu;
@@ -91,8 +89,7 @@ FollowResult FollowJob(v1::Coordinator::StubInterface& stub,
       const int64_t idle_ms = static_cast<int64_t>(options.idle_seconds * 1000);
       auto next_poll = Clock::now();
       std::unique_lock<std::mutex> lock(mu);
-      while (!cv.wait_for(lock, std::chrono::milliseconds(100),
-                          [&] { return stream_done; })) {
+      while (!cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return stream_done; })) {
         if (Interrupted()) {
           cause = CancelCause::kInterrupted;
           context.TryCancel();
@@ -168,8 +165,7 @@ FollowResult FollowJob(v1::Coordinator::StubInterface& stub,
       }
       return lost(get_status,
                   cause == CancelCause::kIdle
-                      ? Format("no update for %.0f s and GetJob failed: ",
-                               options.idle_seconds)
+                      ? Format("no update for %.0f s and GetJob failed: ", options.idle_seconds)
                       : "");
     }
     seen_job = true;

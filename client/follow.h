@@ -46,15 +46,15 @@ enum class FollowOutcome {
 
 struct FollowResult {
   FollowOutcome outcome = FollowOutcome::kRpcError;
-  v1::JobStatus job;  // the last status seen
+  v1::JobStatus job;            // the last status seen
   int exit_code = kExitFailed;  // what the command should exit with
 };
 
 // Follows job `job_id` until it ends, showing progress: a live line on a
 // terminal, plain lines otherwise (on stdout for table output, stderr for
 // JSON output so that stdout stays one JSON document).
-FollowResult FollowJob(v1::Coordinator::StubInterface& stub,
-                       const std::string& job_id, const FollowOptions& options);
+FollowResult FollowJob(v1::Coordinator::StubInterface& stub, const std::string& job_id,
+                       const FollowOptions& options);
 
 }  // namespace pipemare::client
 

@@ -25,15 +25,12 @@ double MonotonicSeconds() {
 
 int64_t NowUnixMs() {
   using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch())
-      .count();
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
 
 std::string OrDash(const std::string& text) { return text.empty() ? "-" : text; }
 
-std::string Percent(double fraction) {
-  return Format("%.1f%%", fraction * 100.0);
-}
+std::string Percent(double fraction) { return Format("%.1f%%", fraction * 100.0); }
 
 // Test accuracy is meaningful only once an epoch has finished.
 std::string AccuracyCell(const v1::JobStatus& job) {
@@ -42,8 +39,7 @@ std::string AccuracyCell(const v1::JobStatus& job) {
 
 // Train loss is meaningful only once a step has been done.
 std::string LossCell(const v1::JobStatus& job) {
-  return job.progress().step() > 0 ? Format("%.4f", job.metrics().train_loss())
-                                   : "-";
+  return job.progress().step() > 0 ? Format("%.4f", job.metrics().train_loss()) : "-";
 }
 
 std::string EpochCell(const v1::JobStatus& job) {
@@ -58,8 +54,7 @@ std::string StepCell(const v1::JobStatus& job) {
 std::string UnitsCell(const v1::StageStatus& stage) {
   if (stage.units() <= 0) return "-";
   if (stage.units() == 1) return Format("%d", stage.first_unit());
-  return Format("%d..%d", stage.first_unit(),
-                stage.first_unit() + stage.units() - 1);
+  return Format("%d..%d", stage.first_unit(), stage.first_unit() + stage.units() - 1);
 }
 
 // Seconds the job has run: the coordinator's figure, or from the timestamps.
@@ -79,16 +74,15 @@ std::string ProgressBar(const v1::JobStatus& job) {
   if (job.state() == v1::SUCCEEDED) fraction = 1;
   fraction = std::clamp(fraction, 0.0, 1.0);
   int filled = static_cast<int>(std::lround(fraction * kBarWidth));
-  return absl::StrCat("[", std::string(filled, '#'),
-                      std::string(kBarWidth - filled, '.'), "]");
+  return absl::StrCat("[", std::string(filled, '#'), std::string(kBarWidth - filled, '.'), "]");
 }
 
 std::string EpochLine(const v1::JobStatus& job, const v1::EpochResult& epoch) {
-  return Format("%s epoch %d/%d done: train loss %.4f  test loss %.4f  "
-                "test accuracy %s  (%.1f s)",
-                job.id().c_str(), epoch.epoch(), job.progress().epochs(),
-                epoch.train_loss(), epoch.test_loss(),
-                Percent(epoch.test_accuracy()).c_str(), epoch.seconds());
+  return Format(
+      "%s epoch %d/%d done: train loss %.4f  test loss %.4f  "
+      "test accuracy %s  (%.1f s)",
+      job.id().c_str(), epoch.epoch(), job.progress().epochs(), epoch.train_loss(),
+      epoch.test_loss(), Percent(epoch.test_accuracy()).c_str(), epoch.seconds());
 }
 
 // Terminal width for `out`, or 0 if it is not a terminal.
@@ -140,8 +134,8 @@ std::string TextTable::Render() const {
     out += line;
     out += '\n';
   };
-  bool has_header = std::any_of(header_.begin(), header_.end(),
-                                [](const std::string& h) { return !h.empty(); });
+  bool has_header =
+      std::any_of(header_.begin(), header_.end(), [](const std::string& h) { return !h.empty(); });
   if (has_header) emit(header_);
   for (const auto& row : rows_) emit(row);
   return out;
@@ -183,13 +177,10 @@ std::string Truncate(const std::string& text, size_t width) {
 
 std::string StateName(v1::JobState state) { return v1::JobState_Name(state); }
 
-std::string WorkerStateName(v1::WorkerState state) {
-  return v1::WorkerState_Name(state);
-}
+std::string WorkerStateName(v1::WorkerState state) { return v1::WorkerState_Name(state); }
 
 bool IsTerminal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED ||
-         state == v1::CANCELLED;
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
 
 std::string ToJson(const google::protobuf::Message& message) {
@@ -200,8 +191,8 @@ std::string ToJson(const google::protobuf::Message& message) {
   std::string json;
   auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
   if (!status.ok()) {
-    return absl::StrCat("{\"error\": \"cannot render JSON: ",
-                        std::string(status.message()), "\"}\n");
+    return absl::StrCat("{\"error\": \"cannot render JSON: ", std::string(status.message()),
+                        "\"}\n");
   }
   if (json.empty() || json.back() != '\n') json += '\n';
   return json;
@@ -232,19 +223,16 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
   summary.AddRow({"STATE", StateName(job.state())});
   summary.AddRow({"REASON", OrDash(job.reason())});
   summary.AddRow({"SCHEDULE", OrDash(job.schedule())});
-  std::string progress_text =
-      Format("epoch %d/%d, step %lld/%lld", progress.epoch(), progress.epochs(),
-             static_cast<long long>(progress.step()),
-             static_cast<long long>(progress.total_steps()));
+  std::string progress_text = Format("epoch %d/%d, step %lld/%lld", progress.epoch(),
+                                     progress.epochs(), static_cast<long long>(progress.step()),
+                                     static_cast<long long>(progress.total_steps()));
   if (progress.total_steps() > 0) {
-    progress_text += Format(" (%.0f%%)", 100.0 * progress.step() /
-                                             progress.total_steps());
+    progress_text += Format(" (%.0f%%)", 100.0 * progress.step() / progress.total_steps());
   }
   summary.AddRow({"PROGRESS", progress_text});
-  summary.AddRow({"METRICS",
-                  Format("train loss %s, test accuracy %s, %.0f samples/s",
-                         LossCell(job).c_str(), AccuracyCell(job).c_str(),
-                         metrics.samples_per_second())});
+  summary.AddRow(
+      {"METRICS", Format("train loss %s, test accuracy %s, %.0f samples/s", LossCell(job).c_str(),
+                         AccuracyCell(job).c_str(), metrics.samples_per_second())});
   std::string elapsed = FormatDuration(ElapsedSeconds(job));
   if (job.state() == v1::RUNNING && metrics.eta_seconds() > 0) {
     elapsed += absl::StrCat(" (ETA ", FormatDuration(metrics.eta_seconds()), ")");
@@ -254,15 +242,14 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
   std::string out = summary.Render();
 
   if (job.stages_size() > 0) {
-    TextTable stages({"STAGE", "WORKER", "ADDRESS", "UNITS", "PARAMS", "TAU",
-                      "MEASURED-TAU", "LR"});
+    TextTable stages(
+        {"STAGE", "WORKER", "ADDRESS", "UNITS", "PARAMS", "TAU", "MEASURED-TAU", "LR"});
     for (int c : {0, 4, 5, 6, 7}) stages.AlignRight(c);
     for (const auto& stage : job.stages()) {
       stages.AddRow({Format("%d", stage.index()), OrDash(stage.worker_id()),
                      OrDash(stage.worker_address()), UnitsCell(stage),
                      Format("%lld", static_cast<long long>(stage.parameters())),
-                     Format("%d", stage.analytic_delay()),
-                     Format("%.2f", stage.measured_delay()),
+                     Format("%d", stage.analytic_delay()), Format("%.2f", stage.measured_delay()),
                      Format("%.6g", stage.learning_rate())});
     }
     out += "\n" + stages.Render();
@@ -274,42 +261,38 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
 }
 
 std::string RenderJobList(const v1::ListJobsResponse& jobs) {
-  TextTable table({"ID", "NAME", "STATE", "SCHEDULE", "EPOCH", "STEP", "LOSS",
-                   "ACC", "REASON"});
+  TextTable table({"ID", "NAME", "STATE", "SCHEDULE", "EPOCH", "STEP", "LOSS", "ACC", "REASON"});
   for (int c : {4, 5, 6, 7}) table.AlignRight(c);
   for (const auto& job : jobs.jobs()) {
-    table.AddRow({job.id(), job.name(), StateName(job.state()),
-                  OrDash(job.schedule()), EpochCell(job), StepCell(job),
-                  LossCell(job), AccuracyCell(job),
+    table.AddRow({job.id(), job.name(), StateName(job.state()), OrDash(job.schedule()),
+                  EpochCell(job), StepCell(job), LossCell(job), AccuracyCell(job),
                   Truncate(job.reason(), kReasonWidth)});
   }
   return table.Render();
 }
 
-std::string RenderWorkers(const v1::ListWorkersResponse& workers,
-                          int64_t now_unix_ms) {
-  TextTable table({"ID", "ADDRESS", "DEVICE", "THREADS", "STATE", "JOB",
-                   "STAGE", "LAST-HEARTBEAT"});
+std::string RenderWorkers(const v1::ListWorkersResponse& workers, int64_t now_unix_ms) {
+  TextTable table(
+      {"ID", "ADDRESS", "DEVICE", "THREADS", "STATE", "JOB", "STAGE", "LAST-HEARTBEAT"});
   for (int c : {3, 6, 7}) table.AlignRight(c);
   for (const auto& worker : workers.workers()) {
     bool assigned = !worker.job_id().empty();
     std::string age = "-";
     if (worker.last_heartbeat_unix_ms() > 0) {
-      double seconds =
-          std::max<int64_t>(0, now_unix_ms - worker.last_heartbeat_unix_ms()) / 1000.0;
+      double seconds = std::max<int64_t>(0, now_unix_ms - worker.last_heartbeat_unix_ms()) / 1000.0;
       age = Format("%.1fs ago", seconds);
     }
     table.AddRow({worker.id(), worker.address(), OrDash(worker.device()),
                   Format("%d", worker.threads()), WorkerStateName(worker.state()),
-                  assigned ? worker.job_id() : "-",
-                  assigned ? Format("%d", worker.stage()) : "-", age});
+                  assigned ? worker.job_id() : "-", assigned ? Format("%d", worker.stage()) : "-",
+                  age});
   }
   return table.Render();
 }
 
 std::string RenderSubmitted(const v1::JobStatus& job) {
-  return Format("submitted %s (%s), state %s", job.id().c_str(),
-                job.name().c_str(), StateName(job.state()).c_str());
+  return Format("submitted %s (%s), state %s", job.id().c_str(), job.name().c_str(),
+                StateName(job.state()).c_str());
 }
 
 std::string RenderFinalState(const v1::JobStatus& job) {
@@ -326,15 +309,13 @@ std::string RenderProgressLine(const v1::JobStatus& job, bool with_bar) {
   }
   absl::StrAppend(&line, " epoch ", EpochCell(job));
   if (with_bar) absl::StrAppend(&line, " ", ProgressBar(job));
-  absl::StrAppend(&line, " step ", StepCell(job), "  loss ", LossCell(job),
-                  "  acc ", AccuracyCell(job), "  ",
-                  Format("%.0f", job.metrics().samples_per_second()),
+  absl::StrAppend(&line, " step ", StepCell(job), "  loss ", LossCell(job), "  acc ",
+                  AccuracyCell(job), "  ", Format("%.0f", job.metrics().samples_per_second()),
                   " samples/s");
   if (job.state() == v1::RUNNING) {
-    absl::StrAppend(&line, "  ETA ",
-                    job.metrics().eta_seconds() > 0
-                        ? FormatDuration(job.metrics().eta_seconds())
-                        : "-");
+    absl::StrAppend(
+        &line, "  ETA ",
+        job.metrics().eta_seconds() > 0 ? FormatDuration(job.metrics().eta_seconds()) : "-");
   }
   return line;
 }
@@ -342,8 +323,7 @@ std::string RenderProgressLine(const v1::JobStatus& job, bool with_bar) {
 // ---------------------------------------------------------------------------
 // ProgressPrinter
 
-ProgressPrinter::ProgressPrinter(FILE* out, bool live,
-                                 double plain_interval_seconds)
+ProgressPrinter::ProgressPrinter(FILE* out, bool live, double plain_interval_seconds)
     : out_(out), live_(live), plain_interval_seconds_(plain_interval_seconds) {}
 
 ProgressPrinter::~ProgressPrinter() { Finish(); }
@@ -369,15 +349,13 @@ void ProgressPrinter::Update(const v1::JobStatus& job) {
   }
   // A line per newly finished epoch (a job that already ended gets its epoch
   // table from the caller instead).
-  int from = first ? (IsTerminal(job.state()) ? job.epochs_size() : 0)
-                   : previous.epochs_size();
+  int from = first ? (IsTerminal(job.state()) ? job.epochs_size() : 0) : previous.epochs_size();
   for (int i = from; i < job.epochs_size(); ++i) {
     std::fprintf(out_, "%s\n", EpochLine(job, job.epochs(i)).c_str());
     printed = true;
   }
   // Otherwise a progress line now and then.
-  if (!printed && job.state() == v1::RUNNING &&
-      now - last_plain_line_ >= plain_interval_seconds_) {
+  if (!printed && job.state() == v1::RUNNING && now - last_plain_line_ >= plain_interval_seconds_) {
     std::fprintf(out_, "%s\n", RenderProgressLine(job, false).c_str());
     printed = true;
   }

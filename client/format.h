@@ -37,8 +37,7 @@ class TextTable {
 };
 
 // printf into a std::string.
-std::string Format(const char* format, ...)
-    __attribute__((format(printf, 1, 2)));
+std::string Format(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
 // "0:42", "12:05", "1:02:03". Negative values render as "-".
 std::string FormatDuration(double seconds);
@@ -64,8 +63,7 @@ std::string RenderEpochTable(const v1::JobStatus& job);
 // `pipemarectl list`.
 std::string RenderJobList(const v1::ListJobsResponse& jobs);
 // `pipemarectl workers`; heartbeat ages are relative to `now_unix_ms`.
-std::string RenderWorkers(const v1::ListWorkersResponse& workers,
-                          int64_t now_unix_ms);
+std::string RenderWorkers(const v1::ListWorkersResponse& workers, int64_t now_unix_ms);
 // "submitted job-3 (mnist-pipemare), state PENDING".
 std::string RenderSubmitted(const v1::JobStatus& job);
 // "job-3 SUCCEEDED" plus ": reason" when there is one.
@@ -104,7 +102,7 @@ class ProgressPrinter {
   std::mutex mu_;
   bool have_job_ = false;
   v1::JobStatus last_;
-  size_t drawn_width_ = 0;  // live: characters of the line on screen
+  size_t drawn_width_ = 0;         // live: characters of the line on screen
   double last_plain_line_ = -1e9;  // monotonic seconds
 };
 

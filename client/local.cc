@@ -68,9 +68,8 @@ absl::StatusOr<std::string> BinaryDir() {
   char buffer[4096];
   ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
   if (n <= 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot locate pipemarectl (/proc/self/exe): ", ErrnoText(),
-                     "; set PIPEMARE_BIN_DIR"));
+    return absl::InternalError(absl::StrCat(
+        "cannot locate pipemarectl (/proc/self/exe): ", ErrnoText(), "; set PIPEMARE_BIN_DIR"));
   }
   buffer[n] = '\0';
   return std::filesystem::path(buffer).parent_path().string();
@@ -79,17 +78,17 @@ absl::StatusOr<std::string> BinaryDir() {
 absl::StatusOr<std::string> FindBinary(const std::string& dir, const std::string& name) {
   std::string path = absl::StrCat(dir, "/", name);
   if (access(path.c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat(
-        "cannot run ", path, ": ", ErrnoText(),
-        " (set PIPEMARE_BIN_DIR to the directory with the Pipemare binaries)"));
+    return absl::NotFoundError(
+        absl::StrCat("cannot run ", path, ": ", ErrnoText(),
+                     " (set PIPEMARE_BIN_DIR to the directory with the Pipemare binaries)"));
   }
   return path;
 }
 
 absl::StatusOr<std::string> MakeTempDir() {
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                                     "/pipemare-local-XXXXXX");
+  std::string pattern =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/pipemare-local-XXXXXX");
   std::vector<char> buffer(pattern.begin(), pattern.end());
   buffer.push_back('\0');
   if (mkdtemp(buffer.data()) == nullptr) {
@@ -191,8 +190,7 @@ absl::Status LocalCluster::Start(const std::string& name, const std::string& bin
 
   int log_fd = open(child.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log_fd < 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot create ", child.log_path, ": ", ErrnoText()));
+    return absl::InternalError(absl::StrCat("cannot create ", child.log_path, ": ", ErrnoText()));
   }
   int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (null_fd < 0) {
@@ -248,8 +246,8 @@ std::vector<std::string> LocalCluster::ReapExited() {
       child.running = false;
       child.wait_status = status;
       if (!stopping_) {
-        notes.push_back(absl::StrCat(child.name, " (pid ", child.pid, ") ",
-                                     DescribeExit(status), "; log: ", child.log_path));
+        notes.push_back(absl::StrCat(child.name, " (pid ", child.pid, ") ", DescribeExit(status),
+                                     "; log: ", child.log_path));
       }
     }
   }
@@ -298,8 +296,8 @@ void LocalCluster::StopAll() {
   std::lock_guard<std::mutex> lock(mu_);
   for (Child& child : children_) {
     if (!child.running) continue;
-    std::fprintf(stderr, "%s (pid %d) did not stop within %.0f s; killing it\n",
-                 child.name.c_str(), static_cast<int>(child.pid), kStopGraceSeconds);
+    std::fprintf(stderr, "%s (pid %d) did not stop within %.0f s; killing it\n", child.name.c_str(),
+                 static_cast<int>(child.pid), kStopGraceSeconds);
     kill(child.pid, SIGKILL);
     int status = 0;
     while (waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
@@ -318,8 +316,7 @@ void LocalCluster::PrintLogTails(const std::string& name) {
   for (const Child& child : children) {
     if (!name.empty() && child.name != name) continue;
     std::vector<std::string> lines = TailLines(child.log_path, kLogTailLines);
-    std::fprintf(stderr, "\n==> %s (last %d lines) <==\n", child.log_path.c_str(),
-                 kLogTailLines);
+    std::fprintf(stderr, "\n==> %s (last %d lines) <==\n", child.log_path.c_str(), kLogTailLines);
     if (lines.empty()) std::fprintf(stderr, "(empty)\n");
     for (const auto& line : lines) std::fprintf(stderr, "%s\n", line.c_str());
   }
@@ -328,12 +325,10 @@ void LocalCluster::PrintLogTails(const std::string& name) {
 
 // Starts the coordinator and waits for its address file. Returns its
 // address, or an error (CANCELLED when interrupted).
-absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster,
-                                             const std::string& binary) {
+absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster, const std::string& binary) {
   const std::string address_file = cluster.dir() + "/coordinator.addr";
-  absl::Status started = cluster.Start(
-      "coordinator", binary,
-      {"--listen", "127.0.0.1:0", "--address-file", address_file});
+  absl::Status started = cluster.Start("coordinator", binary,
+                                       {"--listen", "127.0.0.1:0", "--address-file", address_file});
   if (!started.ok()) return started;
 
   const auto deadline = After(kCoordinatorStartSeconds);
@@ -343,9 +338,8 @@ absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster,
     std::string address = ReadTrimmed(address_file);
     if (!address.empty()) return address;
     if (!cluster.IsRunning("coordinator")) {
-      return absl::UnavailableError(absl::StrCat(
-          "the coordinator ", cluster.ExitOf("coordinator"),
-          " before writing its address"));
+      return absl::UnavailableError(absl::StrCat("the coordinator ", cluster.ExitOf("coordinator"),
+                                                 " before writing its address"));
     }
     if (Clock::now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -361,10 +355,9 @@ absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster,
 absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
                           const std::string& coordinator, int count, int threads) {
   for (int k = 1; k <= count; ++k) {
-    absl::Status started = cluster.Start(
-        absl::StrCat("worker-", k), binary,
-        {"--coordinator", coordinator, "--listen", "127.0.0.1:0", "--threads",
-         std::to_string(threads)});
+    absl::Status started = cluster.Start(absl::StrCat("worker-", k), binary,
+                                         {"--coordinator", coordinator, "--listen", "127.0.0.1:0",
+                                          "--threads", std::to_string(threads)});
     if (!started.ok()) return started;
   }
 
@@ -374,13 +367,11 @@ absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
   while (true) {
     if (Interrupted()) return absl::CancelledError("interrupted");
     for (const std::string& note : cluster.ReapExited()) {
-      return absl::UnavailableError(
-          absl::StrCat("a process exited during start-up: ", note));
+      return absl::UnavailableError(absl::StrCat("a process exited during start-up: ", note));
     }
     auto context = ContextWithDeadline(2);
     v1::ListWorkersResponse response;
-    grpc::Status status =
-        stub->ListWorkers(context.get(), v1::ListWorkersRequest(), &response);
+    grpc::Status status = stub->ListWorkers(context.get(), v1::ListWorkersRequest(), &response);
     if (status.ok()) {
       int idle = 0;
       for (const auto& worker : response.workers()) {
@@ -392,9 +383,9 @@ absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
       last_problem = std::string(FromGrpc(status).message());
     }
     if (Clock::now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the workers did not register within ",
-          static_cast<int>(kWorkersStartSeconds), " s (", last_problem, ")"));
+      return absl::DeadlineExceededError(absl::StrCat("the workers did not register within ",
+                                                      static_cast<int>(kWorkersStartSeconds),
+                                                      " s (", last_problem, ")"));
     }
     SleepMs(200);
   }
@@ -402,8 +393,7 @@ absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
 
 // Submits the spec to the local coordinator and follows the job to its end.
 // Returns the exit code; prints the final status when the job ended.
-int SubmitAndFollow(LocalCluster& cluster, const GlobalOptions& options,
-                    const v1::JobSpec& spec) {
+int SubmitAndFollow(LocalCluster& cluster, const GlobalOptions& options, const v1::JobSpec& spec) {
   auto stub = ConnectCoordinator(options.coordinator);
   v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;
@@ -441,8 +431,7 @@ int SubmitAndFollow(LocalCluster& cluster, const GlobalOptions& options,
     }
     case FollowOutcome::kLostConnection:
       if (!cluster.IsRunning("coordinator")) {
-        std::fprintf(stderr, "the coordinator %s\n",
-                     cluster.ExitOf("coordinator").c_str());
+        std::fprintf(stderr, "the coordinator %s\n", cluster.ExitOf("coordinator").c_str());
       }
       return kExitFailed;
     case FollowOutcome::kRpcError:

@@ -54,11 +54,10 @@ int Main(int argc, char** argv) {
 
   CLI::App* workers = app.add_subcommand("workers", "List registered workers");
 
-  CLI::App* local_cmd = app.add_subcommand(
-      "local", "Run a job on a coordinator and workers started on this machine");
+  CLI::App* local_cmd =
+      app.add_subcommand("local", "Run a job on a coordinator and workers started on this machine");
   local_cmd->add_option("FILE", local.spec_file, "Job spec file")->required();
-  local_cmd->add_option("--workers", local.workers,
-                        "Workers to start (default: one per stage)")
+  local_cmd->add_option("--workers", local.workers, "Workers to start (default: one per stage)")
       ->check(CLI::PositiveNumber);
   local_cmd->add_option("--threads", local.threads, "Threads per worker")
       ->check(CLI::PositiveNumber)

@@ -22,21 +22,17 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   SetKeepalive(args);
   // Reconnect quickly after a peer restarts.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
-void ConfigureServer(grpc::ServerBuilder& builder, const std::string& address,
-                     int* selected_port) {
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           selected_port);
+void ConfigureServer(grpc::ServerBuilder& builder, const std::string& address, int* selected_port) {
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), selected_port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
 }
 
@@ -49,8 +45,7 @@ std::unique_ptr<grpc::ClientContext> ContextWithDeadline(double seconds) {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
 absl::Status FromGrpc(const grpc::Status& status) {

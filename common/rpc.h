@@ -21,8 +21,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 // Configures `builder` to listen on `address` with Pipemare's limits and
 // keepalives. `*selected_port` receives the bound port after BuildAndStart()
 // (so "127.0.0.1:0" picks a free one).
-void ConfigureServer(grpc::ServerBuilder& builder, const std::string& address,
-                     int* selected_port);
+void ConfigureServer(grpc::ServerBuilder& builder, const std::string& address, int* selected_port);
 
 // A client context with a deadline `seconds` from now.
 std::unique_ptr<grpc::ClientContext> ContextWithDeadline(double seconds);

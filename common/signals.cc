@@ -1,7 +1,7 @@
 #include "common/signals.h"
 
-#include <csignal>
 #include <condition_variable>
+#include <csignal>
 #include <mutex>
 #include <thread>
 

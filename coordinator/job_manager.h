@@ -46,10 +46,10 @@ class JobManager {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;                                   // GUARDED_BY(mu_)
+  bool stopping_ = false;                                             // GUARDED_BY(mu_)
   std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancel_;  // GUARDED_BY(mu_)
-  std::map<std::string, std::thread> runners_;              // GUARDED_BY(mu_)
-  std::vector<std::thread> finished_;                       // GUARDED_BY(mu_)
+  std::map<std::string, std::thread> runners_;                        // GUARDED_BY(mu_)
+  std::vector<std::thread> finished_;                                 // GUARDED_BY(mu_)
   std::thread scheduler_;
 };
 

@@ -89,9 +89,9 @@ class JobRunner::Impl {
   std::deque<FeedEvent> events_;  // GUARDED_BY(mu_)
 
   // Runner-thread state.
-  int64_t in_flight_ = 0;      // TRAIN microbatches sent, stage-0 backward not done
-  int64_t train_done_ = 0;     // stage-0 backwards completed in the whole job
-  int64_t eval_pending_ = 0;   // EVAL microbatches sent, result not back
+  int64_t in_flight_ = 0;     // TRAIN microbatches sent, stage-0 backward not done
+  int64_t train_done_ = 0;    // stage-0 backwards completed in the whole job
+  int64_t eval_pending_ = 0;  // EVAL microbatches sent, result not back
   double window_loss_ = 0;
   int64_t window_count_ = 0;
   double epoch_loss_ = 0;
@@ -103,7 +103,7 @@ class JobRunner::Impl {
   int64_t total_steps_ = 0;
   int64_t samples_trained_ = 0;
   int epoch_ = 0;
-  double train_seconds_ = 0;   // time spent training (not evaluating)
+  double train_seconds_ = 0;  // time spent training (not evaluating)
   Clock::time_point epoch_train_start_;
   Clock::time_point last_event_ = Clock::now();
   Clock::time_point last_publish_;
@@ -142,11 +142,14 @@ absl::Status JobRunner::Impl::LoadStages(const std::vector<StageRange>& ranges,
           absl::StrCat("loading ", StageLabel(i), " failed: ", st.error_message()));
     }
     r_.registry_->SetStage(r_.workers_[i].id(), i);
-    r_.store_->Update(r_.job_id_, [&](v1::JobStatus& s) {
-      auto* stage = s.mutable_stages(i);
-      stage->set_parameters(resp.parameters());
-      stage->set_analytic_delay(resp.analytic_delay());
-    }).IgnoreError();
+    r_.store_
+        ->Update(r_.job_id_,
+                 [&](v1::JobStatus& s) {
+                   auto* stage = s.mutable_stages(i);
+                   stage->set_parameters(resp.parameters());
+                   stage->set_analytic_delay(resp.analytic_delay());
+                 })
+        .IgnoreError();
   }
   return absl::OkStatus();
 }
@@ -326,20 +329,23 @@ void JobRunner::Impl::Publish(bool force) {
       train_seconds_ + (epoch_train_start_.time_since_epoch().count() != 0
                             ? std::chrono::duration<double>(now - epoch_train_start_).count()
                             : 0.0);
-  r_.store_->Update(r_.job_id_, [&](v1::JobStatus& s) {
-    auto* p = s.mutable_progress();
-    p->set_epoch(epoch_);
-    p->set_epochs(spec_.train().epochs());
-    p->set_step(steps);
-    p->set_total_steps(total_steps_);
-    auto* m = s.mutable_metrics();
-    if (!std::isnan(last_train_loss_)) m->set_train_loss(last_train_loss_);
-    if (training > 0) m->set_samples_per_second(samples_trained_ / training);
-    m->set_elapsed_seconds(std::chrono::duration<double>(now - job_start_).count());
-    if (steps > 0) {
-      m->set_eta_seconds(training / steps * static_cast<double>(total_steps_ - steps));
-    }
-  }).IgnoreError();
+  r_.store_
+      ->Update(r_.job_id_,
+               [&](v1::JobStatus& s) {
+                 auto* p = s.mutable_progress();
+                 p->set_epoch(epoch_);
+                 p->set_epochs(spec_.train().epochs());
+                 p->set_step(steps);
+                 p->set_total_steps(total_steps_);
+                 auto* m = s.mutable_metrics();
+                 if (!std::isnan(last_train_loss_)) m->set_train_loss(last_train_loss_);
+                 if (training > 0) m->set_samples_per_second(samples_trained_ / training);
+                 m->set_elapsed_seconds(std::chrono::duration<double>(now - job_start_).count());
+                 if (steps > 0) {
+                   m->set_eta_seconds(training / steps * static_cast<double>(total_steps_ - steps));
+                 }
+               })
+      .IgnoreError();
 }
 
 void JobRunner::Impl::PollStages() {
@@ -349,10 +355,13 @@ void JobRunner::Impl::PollStages() {
     v1::StageStatusResponse resp;
     auto ctx = ContextWithDeadline(3);
     if (!stubs_[i]->GetStageStatus(ctx.get(), req, &resp).ok()) continue;
-    r_.store_->Update(r_.job_id_, [&](v1::JobStatus& s) {
-      s.mutable_stages(i)->set_measured_delay(resp.measured_delay());
-      s.mutable_stages(i)->set_learning_rate(resp.learning_rate());
-    }).IgnoreError();
+    r_.store_
+        ->Update(r_.job_id_,
+                 [&](v1::JobStatus& s) {
+                   s.mutable_stages(i)->set_measured_delay(resp.measured_delay());
+                   s.mutable_stages(i)->set_learning_rate(resp.learning_rate());
+                 })
+        .IgnoreError();
   }
 }
 
@@ -362,22 +371,27 @@ absl::Status JobRunner::Impl::Run() {
   const int64_t mbs = sched.microbatch_size();
   auto ranges = PartitionUniform(ModelUnitCount(spec_.model()), P_);
   if (!ranges.ok()) return ranges.status();
-  r_.store_->Update(r_.job_id_, [&](v1::JobStatus& s) {
-    s.clear_stages();
-    for (int i = 0; i < P_; ++i) {
-      auto* st = s.add_stages();
-      st->set_index(i);
-      st->set_worker_id(r_.workers_[i].id());
-      st->set_worker_address(r_.workers_[i].address());
-      st->set_first_unit((*ranges)[i].first_unit);
-      st->set_units((*ranges)[i].units);
-    }
-  }).IgnoreError();
+  r_.store_
+      ->Update(r_.job_id_,
+               [&](v1::JobStatus& s) {
+                 s.clear_stages();
+                 for (int i = 0; i < P_; ++i) {
+                   auto* st = s.add_stages();
+                   st->set_index(i);
+                   st->set_worker_id(r_.workers_[i].id());
+                   st->set_worker_address(r_.workers_[i].address());
+                   st->set_first_unit((*ranges)[i].first_unit);
+                   st->set_units((*ranges)[i].units);
+                 }
+               })
+      .IgnoreError();
 
   auto train = LoadMnist(spec_.data().path(), true, spec_.data().train_limit());
-  if (!train.ok()) return absl::InvalidArgumentError(absl::StrCat("data.path: ", train.status().message()));
+  if (!train.ok())
+    return absl::InvalidArgumentError(absl::StrCat("data.path: ", train.status().message()));
   auto test = LoadMnist(spec_.data().path(), false, spec_.data().test_limit());
-  if (!test.ok()) return absl::InvalidArgumentError(absl::StrCat("data.path: ", test.status().message()));
+  if (!test.ok())
+    return absl::InvalidArgumentError(absl::StrCat("data.path: ", test.status().message()));
   steps_per_epoch_ = (train->count / mbs) / N;
   if (steps_per_epoch_ < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -448,23 +462,26 @@ absl::Status JobRunner::Impl::Run() {
     const double test_loss = eval_count_ ? eval_loss_ / eval_count_ : 0;
     const double epoch_train_loss = epoch_loss_count_ ? epoch_loss_ / epoch_loss_count_ : 0;
     const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-    r_.store_->Update(r_.job_id_, [&](v1::JobStatus& s) {
-      auto* e = s.add_epochs();
-      e->set_epoch(epoch_);
-      e->set_train_loss(epoch_train_loss);
-      e->set_test_loss(test_loss);
-      e->set_test_accuracy(accuracy);
-      e->set_seconds(seconds);
-      s.mutable_metrics()->set_test_accuracy(accuracy);
-      s.mutable_metrics()->set_test_loss(test_loss);
-    }).IgnoreError();
-    std::cerr << "job " << r_.job_id_ << " epoch " << epoch_ << ": train loss "
-              << epoch_train_loss << ", test accuracy " << accuracy << " (" << seconds << " s)"
-              << std::endl;
+    r_.store_
+        ->Update(r_.job_id_,
+                 [&](v1::JobStatus& s) {
+                   auto* e = s.add_epochs();
+                   e->set_epoch(epoch_);
+                   e->set_train_loss(epoch_train_loss);
+                   e->set_test_loss(test_loss);
+                   e->set_test_accuracy(accuracy);
+                   e->set_seconds(seconds);
+                   s.mutable_metrics()->set_test_accuracy(accuracy);
+                   s.mutable_metrics()->set_test_loss(test_loss);
+                 })
+        .IgnoreError();
+    std::cerr << "job " << r_.job_id_ << " epoch " << epoch_ << ": train loss " << epoch_train_loss
+              << ", test accuracy " << accuracy << " (" << seconds << " s)" << std::endl;
     if (!std::isfinite(epoch_train_loss)) {
-      st = absl::AbortedError(absl::StrCat(
-          "training diverged in epoch ", epoch_, " (loss is not finite); lower optimizer.lr or "
-          "optimizer.momentum, or raise schedule.lr_anneal_steps"));
+      st =
+          absl::AbortedError(absl::StrCat("training diverged in epoch ", epoch_,
+                                          " (loss is not finite); lower optimizer.lr or "
+                                          "optimizer.momentum, or raise schedule.lr_anneal_steps"));
     }
   }
   epoch_ = std::min(epoch_, spec_.train().epochs());

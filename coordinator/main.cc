@@ -1,8 +1,8 @@
 // pipemare-coordinator: takes jobs from clients, assigns stages to workers,
 // feeds the pipelines and reports progress.
-#include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iostream>

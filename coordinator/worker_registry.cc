@@ -45,7 +45,8 @@ absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.info.state() == v1::LOST) {
-    return absl::NotFoundError(absl::StrCat("worker_id: '", worker_id, "' is not registered; register again"));
+    return absl::NotFoundError(
+        absl::StrCat("worker_id: '", worker_id, "' is not registered; register again"));
   }
   it->second.last_heartbeat = Clock::now();
   it->second.info.set_last_heartbeat_unix_ms(UnixMs());

@@ -109,8 +109,7 @@ absl::Status SetScalar(pb::Message& msg, const FD* f, const YAML::Node& node,
       int64_t v;
       if (!ToInt(s, &v)) return type_error();
       if (f->cpp_type() == FD::CPPTYPE_INT32) {
-        if (v < std::numeric_limits<int32_t>::min() ||
-            v > std::numeric_limits<int32_t>::max()) {
+        if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
           return Bad(path, absl::StrCat("'", s, "' is out of range"));
         }
         repeated ? r->AddInt32(&msg, f, v) : r->SetInt32(&msg, f, v);
@@ -139,13 +138,11 @@ absl::Status SetScalar(pb::Message& msg, const FD* f, const YAML::Node& node,
   }
 }
 
-absl::Status FillMessage(pb::Message& msg, const YAML::Node& node,
-                         const std::string& path) {
+absl::Status FillMessage(pb::Message& msg, const YAML::Node& node, const std::string& path) {
   const pb::Descriptor* d = msg.GetDescriptor();
   if (!node.IsMap()) {
-    return Bad(path.empty() ? "spec" : path,
-               absl::StrCat("expected a mapping with fields (", FieldNames(d),
-                            "), got ", Shown(node)));
+    return Bad(path.empty() ? "spec" : path, absl::StrCat("expected a mapping with fields (",
+                                                          FieldNames(d), "), got ", Shown(node)));
   }
   const pb::Reflection* r = msg.GetReflection();
   for (const auto& kv : node) {
@@ -153,8 +150,7 @@ absl::Status FillMessage(pb::Message& msg, const YAML::Node& node,
     const std::string field_path = Join(path, key);
     const FD* f = d->FindFieldByName(key);
     if (f == nullptr) {
-      return Bad(field_path,
-                 absl::StrCat("unknown field; allowed here: ", FieldNames(d)));
+      return Bad(field_path, absl::StrCat("unknown field; allowed here: ", FieldNames(d)));
     }
     const YAML::Node& value = kv.second;
     if (value.IsNull()) continue;  // "field:" with nothing = unset
@@ -187,8 +183,8 @@ absl::Status OneOf(const std::string& path, const std::string& value,
   if (value.empty()) {
     return Bad(path, absl::StrCat("required; allowed: ", absl::StrJoin(allowed, ", ")));
   }
-  return Bad(path, absl::StrCat("'", value, "' is not allowed; allowed: ",
-                                absl::StrJoin(allowed, ", ")));
+  return Bad(path,
+             absl::StrCat("'", value, "' is not allowed; allowed: ", absl::StrJoin(allowed, ", ")));
 }
 
 }  // namespace
@@ -198,9 +194,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec is not valid YAML/JSON: line ", e.mark.line + 1,
-                     ", column ", e.mark.column + 1, ": ", e.msg));
+    return absl::InvalidArgumentError(absl::StrCat("spec is not valid YAML/JSON: line ",
+                                                   e.mark.line + 1, ", column ", e.mark.column + 1,
+                                                   ": ", e.msg));
   }
   v1::JobSpec spec;
   if (root.IsNull()) return absl::InvalidArgumentError("spec: the document is empty");
@@ -222,8 +218,7 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
   ss << in.rdbuf();
   auto spec = ParseJobSpec(ss.str());
   if (!spec.ok()) {
-    return absl::Status(spec.status().code(),
-                        absl::StrCat(path, ": ", spec.status().message()));
+    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
   }
   return spec;
 }
@@ -246,8 +241,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   static const std::regex kName("[A-Za-z0-9._-]{1,64}");
   if (spec.name().empty()) return Bad("name", "required (1..64 chars of A-Z a-z 0-9 . _ -)");
   if (!std::regex_match(spec.name(), kName)) {
-    return Bad("name", absl::StrCat("'", spec.name(),
-                                    "' must be 1..64 chars of A-Z a-z 0-9 . _ -"));
+    return Bad("name",
+               absl::StrCat("'", spec.name(), "' must be 1..64 chars of A-Z a-z 0-9 . _ -"));
   }
   // model
   const auto& m = spec.model();
@@ -273,13 +268,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (d.test_limit() < 0) return Bad("data.test_limit", "must be >= 0 (0 = all)");
   if (d.type() == "mnist") {
     if (m.layers(0) != 784) {
-      return Bad("model.layers[0]", absl::StrCat("is ", m.layers(0),
-                                                 " but MNIST images have 784 pixels; use 784"));
+      return Bad("model.layers[0]",
+                 absl::StrCat("is ", m.layers(0), " but MNIST images have 784 pixels; use 784"));
     }
     if (m.layers(m.layers_size() - 1) != 10) {
-      return Bad(absl::StrCat("model.layers[", m.layers_size() - 1, "]"),
-                 absl::StrCat("is ", m.layers(m.layers_size() - 1),
-                              " but MNIST has 10 classes; use 10"));
+      return Bad(
+          absl::StrCat("model.layers[", m.layers_size() - 1, "]"),
+          absl::StrCat("is ", m.layers(m.layers_size() - 1), " but MNIST has 10 classes; use 10"));
     }
   }
   // optimizer
@@ -297,9 +292,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   const int units = ModelUnitCount(m);
   if (s.stages() < 1) return Bad("schedule.stages", "required, an integer >= 1");
   if (s.stages() > units) {
-    return Bad("schedule.stages",
-               absl::StrCat(s.stages(), " stages but the model has only ", units,
-                            " units; use at most ", units, " or add layers"));
+    return Bad("schedule.stages", absl::StrCat(s.stages(), " stages but the model has only ", units,
+                                               " units; use at most ", units, " or add layers"));
   }
   if (s.microbatch_size() < 1 || s.microbatch_size() > 65536) {
     return Bad("schedule.microbatch_size", "must be in 1..65536");
@@ -310,7 +304,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (s.lr_anneal_steps() < 0) return Bad("schedule.lr_anneal_steps", "must be >= 0 (0 = T1 off)");
   if (s.lr_anneal_epochs() < 0) return Bad("schedule.lr_anneal_epochs", "must be >= 0");
   if (s.lr_anneal_steps() > 0 && s.lr_anneal_epochs() > 0) {
-    return Bad("schedule.lr_anneal_epochs", "give either lr_anneal_steps or lr_anneal_epochs, not both");
+    return Bad("schedule.lr_anneal_epochs",
+               "give either lr_anneal_steps or lr_anneal_epochs, not both");
   }
   if (s.has_discrepancy_decay() && s.discrepancy_decay() >= 1) {
     return Bad("schedule.discrepancy_decay", "must be in [0, 1) (negative = T2 off)");
@@ -322,7 +317,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   // train
   const auto& t = spec.train();
-  if (t.epochs() < 1 || t.epochs() > 100000) return Bad("train.epochs", "required, an integer in 1..100000");
+  if (t.epochs() < 1 || t.epochs() > 100000)
+    return Bad("train.epochs", "required, an integer in 1..100000");
   return absl::OkStatus();
 }
 

@@ -26,9 +26,9 @@ absl::StatusOr<IdxHeader> ReadHeader(std::ifstream& in, const std::string& path,
     return absl::InvalidArgumentError(absl::StrCat(path, ": truncated idx header"));
   }
   if (magic[0] != 0 || magic[1] != 0 || magic[2] != 0x08 || magic[3] != expected_dims) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": not an idx file of unsigned bytes with ", expected_dims,
-        " dimensions (bad magic number); is this the uncompressed MNIST file?"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not an idx file of unsigned bytes with ", expected_dims,
+                     " dimensions (bad magic number); is this the uncompressed MNIST file?"));
   }
   IdxHeader h;
   h.dims = expected_dims;
@@ -116,20 +116,20 @@ absl::StatusOr<ImageDataset> LoadMnist(const std::string& dir, bool train, int64
 }
 
 absl::Status CheckMnistDir(const std::string& dir) {
-  const std::pair<const char*, int> files[] = {{kMnistTrainImages, 3},
-                                               {kMnistTrainLabels, 1},
-                                               {kMnistTestImages, 3},
-                                               {kMnistTestLabels, 1}};
+  const std::pair<const char*, int> files[] = {
+      {kMnistTrainImages, 3}, {kMnistTrainLabels, 1}, {kMnistTestImages, 3}, {kMnistTestLabels, 1}};
   for (const auto& [name, dims] : files) {
     const std::string path = Join(dir, name);
     auto in = Open(path);
     if (!in.ok()) {
-      return absl::NotFoundError(absl::StrCat(
-          "data.path: ", path, " not found; data.path must be a directory with the four MNIST idx "
-          "files (scripts/dev.sh fetches them into data/mnist)"));
+      return absl::NotFoundError(
+          absl::StrCat("data.path: ", path,
+                       " not found; data.path must be a directory with the four MNIST idx "
+                       "files (scripts/dev.sh fetches them into data/mnist)"));
     }
     auto h = ReadHeader(*in, path, dims);
-    if (!h.ok()) return absl::InvalidArgumentError(absl::StrCat("data.path: ", h.status().message()));
+    if (!h.ok())
+      return absl::InvalidArgumentError(absl::StrCat("data.path: ", h.status().message()));
   }
   return absl::OkStatus();
 }

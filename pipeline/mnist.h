@@ -17,8 +17,8 @@ struct ImageDataset {
   int64_t count = 0;
   int64_t rows = 0;
   int64_t cols = 0;
-  std::vector<float> pixels;     // count * rows * cols
-  std::vector<int64_t> labels;   // count
+  std::vector<float> pixels;    // count * rows * cols
+  std::vector<int64_t> labels;  // count
   int64_t features() const { return rows * cols; }
 };
 

@@ -38,7 +38,8 @@ torch::nn::AnyModule Activation(const std::string& name) {
 absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& type) {
   if (type == "gpipe") return ScheduleKind::kGPipe;
   if (type == "pipemare") return ScheduleKind::kPipeMare;
-  return Bad("schedule.type", absl::StrCat("'", type, "' is not allowed; allowed: pipemare, gpipe"));
+  return Bad("schedule.type",
+             absl::StrCat("'", type, "' is not allowed; allowed: pipemare, gpipe"));
 }
 
 absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int first_unit,
@@ -78,8 +79,8 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
     if (m.ok()) {
       module = *m;
       module->to(device);
-    }
-    else throw std::invalid_argument(std::string(m.status().message()));
+    } else
+      throw std::invalid_argument(std::string(m.status().message()));
   });
   if (!built.ok()) return built;
   return std::unique_ptr<StageRuntime>(new StageRuntime(a, *kind, module, device));
@@ -102,11 +103,11 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       device_(device),
       module_(std::move(module)) {
   const auto& o = a.optimizer();
-  optimizer_ = std::make_unique<torch::optim::SGD>(
-      module_->parameters(), torch::optim::SGDOptions(base_lr_)
-                                 .momentum(o.momentum())
-                                 .weight_decay(o.weight_decay())
-                                 .nesterov(o.nesterov()));
+  optimizer_ =
+      std::make_unique<torch::optim::SGD>(module_->parameters(), torch::optim::SGDOptions(base_lr_)
+                                                                     .momentum(o.momentum())
+                                                                     .weight_decay(o.weight_decay())
+                                                                     .nesterov(o.nesterov()));
   int64_t params = 0;
   for (const auto& p : module_->parameters()) {
     params += p.numel();
@@ -117,8 +118,8 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
   stats_.learning_rate = T1LearningRate(base_lr_, 0, lr_anneal_steps_, tau_);
 }
 
-absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch,
-                                                    const torch::Tensor& input, bool train) {
+absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const torch::Tensor& input,
+                                                    bool train) {
   if (train && saved_.count(microbatch)) {
     return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch, " forwarded twice"));
   }
@@ -142,9 +143,9 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
   if (!is_last()) return absl::FailedPreconditionError("ForwardLoss on a stage that is not last");
   if (targets.dim() != 1 || input.dim() < 1 || targets.size(0) != input.size(0) ||
       targets.scalar_type() != torch::kInt64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("targets of microbatch ", microbatch, " must be INT64 of shape [",
-                     input.dim() ? input.size(0) : 0, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("targets of microbatch ", microbatch,
+                                                   " must be INT64 of shape [",
+                                                   input.dim() ? input.size(0) : 0, "]"));
   }
   if (train && saved_.count(microbatch)) {
     return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch, " forwarded twice"));
@@ -154,8 +155,8 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
   LossResult r;
   absl::Status st = Guard("loss", [&] {
     const int64_t classes = out->size(1);
-    if (targets.numel() > 0 && (targets.min().item<int64_t>() < 0 ||
-                                targets.max().item<int64_t>() >= classes)) {
+    if (targets.numel() > 0 &&
+        (targets.min().item<int64_t>() < 0 || targets.max().item<int64_t>() >= classes)) {
       throw std::invalid_argument(absl::StrCat("targets outside 0..", classes - 1));
     }
     torch::Tensor t = targets.to(device_);
@@ -227,7 +228,8 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
       loss.backward();
     } else {
       if (!grad_output.sizes().equals(out.sizes())) {
-        throw std::invalid_argument(absl::StrCat("gradient shape does not match the stage output of microbatch ", microbatch));
+        throw std::invalid_argument(absl::StrCat(
+            "gradient shape does not match the stage output of microbatch ", microbatch));
       }
       out.backward(grad_output.to(device_, out.scalar_type()));
     }

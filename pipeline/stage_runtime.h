@@ -45,7 +45,7 @@ struct StageStats {
   double measured_delay = 0;  // mean optimizer steps between forward and backward
   double learning_rate = 0;   // at the last step, after T1
   int64_t parameters = 0;
-  int analytic_delay = 0;     // τ_i
+  int analytic_delay = 0;  // τ_i
 };
 
 struct LossResult {
@@ -114,7 +114,7 @@ class StageRuntime {
   const int num_stages_;
   const ScheduleKind kind_;
   const int microbatches_per_step_;
-  const int tau_;                 // τ_i, analytic
+  const int tau_;  // τ_i, analytic
   const double base_lr_;
   const int64_t lr_anneal_steps_;  // T1's K; 0 = off
   const bool t2_enabled_;

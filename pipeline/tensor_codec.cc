@@ -12,15 +12,24 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 int ElementSize(v1::DType dtype) {
   switch (dtype) {
-    case v1::FLOAT32: return 4;
-    case v1::FLOAT64: return 8;
-    case v1::FLOAT16: return 2;
-    case v1::BFLOAT16: return 2;
-    case v1::INT64: return 8;
-    case v1::INT32: return 4;
-    case v1::UINT8: return 1;
-    case v1::BOOL: return 1;
-    default: return 0;
+    case v1::FLOAT32:
+      return 4;
+    case v1::FLOAT64:
+      return 8;
+    case v1::FLOAT16:
+      return 2;
+    case v1::BFLOAT16:
+      return 2;
+    case v1::INT64:
+      return 8;
+    case v1::INT32:
+      return 4;
+    case v1::UINT8:
+      return 1;
+    case v1::BOOL:
+      return 1;
+    default:
+      return 0;
   }
 }
 
@@ -29,7 +38,8 @@ absl::StatusOr<int64_t> ElementCount(const google::protobuf::RepeatedField<int64
   for (int i = 0; i < shape.size(); ++i) {
     const int64_t d = shape.Get(i);
     if (d < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor.shape[", i, "] is negative (", d, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor.shape[", i, "] is negative (", d, ")"));
     }
     if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) {
       return absl::InvalidArgumentError("tensor.shape: element count overflows");
@@ -42,9 +52,9 @@ absl::StatusOr<int64_t> ElementCount(const google::protobuf::RepeatedField<int64
 absl::Status ValidateTensor(const v1::Tensor& tensor) {
   const int size = ElementSize(tensor.dtype());
   if (size == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor.dtype: unknown dtype ", static_cast<int>(tensor.dtype()),
-        "; allowed: FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT64, INT32, UINT8, BOOL"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor.dtype: unknown dtype ", static_cast<int>(tensor.dtype()),
+                     "; allowed: FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT64, INT32, UINT8, BOOL"));
   }
   if (tensor.shape_size() > 8) {
     return absl::InvalidArgumentError(
@@ -60,7 +70,7 @@ absl::Status ValidateTensor(const v1::Tensor& tensor) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor.data: ", tensor.data().size(), " bytes but shape and dtype need ", expected,
         tensor.data().size() < static_cast<size_t>(expected) ? " (truncated payload)"
-                                                              : " (size/shape mismatch)"));
+                                                             : " (size/shape mismatch)"));
   }
   return absl::OkStatus();
 }

@@ -11,15 +11,24 @@ namespace {
 
 std::optional<torch::ScalarType> TorchType(v1::DType dtype) {
   switch (dtype) {
-    case v1::FLOAT32: return torch::kFloat32;
-    case v1::FLOAT64: return torch::kFloat64;
-    case v1::FLOAT16: return torch::kFloat16;
-    case v1::BFLOAT16: return torch::kBFloat16;
-    case v1::INT64: return torch::kInt64;
-    case v1::INT32: return torch::kInt32;
-    case v1::UINT8: return torch::kUInt8;
-    case v1::BOOL: return torch::kBool;
-    default: return std::nullopt;
+    case v1::FLOAT32:
+      return torch::kFloat32;
+    case v1::FLOAT64:
+      return torch::kFloat64;
+    case v1::FLOAT16:
+      return torch::kFloat16;
+    case v1::BFLOAT16:
+      return torch::kBFloat16;
+    case v1::INT64:
+      return torch::kInt64;
+    case v1::INT32:
+      return torch::kInt32;
+    case v1::UINT8:
+      return torch::kUInt8;
+    case v1::BOOL:
+      return torch::kBool;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -27,15 +36,24 @@ std::optional<torch::ScalarType> TorchType(v1::DType dtype) {
 
 v1::DType WireDType(torch::ScalarType type) {
   switch (type) {
-    case torch::kFloat32: return v1::FLOAT32;
-    case torch::kFloat64: return v1::FLOAT64;
-    case torch::kFloat16: return v1::FLOAT16;
-    case torch::kBFloat16: return v1::BFLOAT16;
-    case torch::kInt64: return v1::INT64;
-    case torch::kInt32: return v1::INT32;
-    case torch::kUInt8: return v1::UINT8;
-    case torch::kBool: return v1::BOOL;
-    default: return v1::DTYPE_UNSPECIFIED;
+    case torch::kFloat32:
+      return v1::FLOAT32;
+    case torch::kFloat64:
+      return v1::FLOAT64;
+    case torch::kFloat16:
+      return v1::FLOAT16;
+    case torch::kBFloat16:
+      return v1::BFLOAT16;
+    case torch::kInt64:
+      return v1::INT64;
+    case torch::kInt32:
+      return v1::INT32;
+    case torch::kUInt8:
+      return v1::UINT8;
+    case torch::kBool:
+      return v1::BOOL;
+    default:
+      return v1::DTYPE_UNSPECIFIED;
   }
 }
 
@@ -50,9 +68,8 @@ absl::StatusOr<torch::Tensor> ToTorch(const v1::Tensor& wire) {
 absl::StatusOr<v1::Tensor> FromTorch(const torch::Tensor& tensor) {
   const v1::DType dtype = WireDType(tensor.scalar_type());
   if (dtype == v1::DTYPE_UNSPECIFIED) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor dtype ", c10::toString(tensor.scalar_type()),
-                     " has no wire encoding"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor dtype ", c10::toString(tensor.scalar_type()), " has no wire encoding"));
   }
   torch::Tensor cpu = tensor.detach().to(torch::kCPU).contiguous();
   v1::Tensor wire;

@@ -1,8 +1,8 @@
 // pipemare-worker: serves one pipeline stage at a time for a coordinator.
-#include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
 #include <csignal>
 #include <iostream>
 #include <thread>
@@ -19,9 +19,10 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& s) {
   if (s == "cpu") return torch::Device(torch::kCPU);
   if (s == "cuda" || s.rfind("cuda:", 0) == 0) {
     if (!torch::cuda::is_available()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--device ", s, ": this LibTorch has no CUDA support or sees no GPU; use --device cpu "
-          "or run a CUDA build of the worker on a GPU host"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("--device ", s,
+                       ": this LibTorch has no CUDA support or sees no GPU; use --device cpu "
+                       "or run a CUDA build of the worker on a GPU host"));
     }
     int index = 0;
     if (s.size() > 5) {
@@ -32,8 +33,8 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& s) {
       }
     }
     if (index < 0 || index >= static_cast<int>(torch::cuda::device_count())) {
-      return absl::InvalidArgumentError(absl::StrCat("--device ", s, ": only ",
-                                                     torch::cuda::device_count(), " GPUs visible"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device ", s, ": only ", torch::cuda::device_count(), " GPUs visible"));
     }
     return torch::Device(torch::kCUDA, index);
   }

@@ -26,7 +26,8 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
   host->warmup_ = a.num_stages() - a.stage();
   if (!host->runtime_->is_last()) {
     if (a.downstream_address().empty()) {
-      return absl::InvalidArgumentError("downstream_address: required for every stage but the last");
+      return absl::InvalidArgumentError(
+          "downstream_address: required for every stage but the last");
     }
     auto channel = MakeChannel(a.downstream_address());
     if (!channel->WaitForConnected(std::chrono::system_clock::now() +
@@ -67,8 +68,7 @@ void StageHost::Stop() {
   if (compute_thread_.joinable() && compute_thread_.get_id() != std::this_thread::get_id()) {
     compute_thread_.join();
   }
-  if (downstream_reader_.joinable() &&
-      downstream_reader_.get_id() != std::this_thread::get_id()) {
+  if (downstream_reader_.joinable() && downstream_reader_.get_id() != std::this_thread::get_id()) {
     downstream_reader_.join();
   }
 }
@@ -81,22 +81,25 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
     case v1::StreamOpen::PEER:
       if (stage == 0 || open.from_stage() != stage - 1) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("open.from_stage: stage ", stage, " accepts a peer stream only from stage ",
-                                         stage - 1, ", not ", open.from_stage()));
+                            absl::StrCat("open.from_stage: stage ", stage,
+                                         " accepts a peer stream only from stage ", stage - 1,
+                                         ", not ", open.from_stage()));
       }
       side = Side::kUpstream;
       break;
     case v1::StreamOpen::INPUT_FEED:
       if (stage != 0) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("open.role: INPUT_FEED goes to stage 0, this is stage ", stage));
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("open.role: INPUT_FEED goes to stage 0, this is stage ", stage));
       }
       side = Side::kUpstream;
       break;
     case v1::StreamOpen::TARGET_FEED:
       if (!runtime_->is_last()) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("open.role: TARGET_FEED goes to the last stage, this is stage ", stage));
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("open.role: TARGET_FEED goes to the last stage, this is stage ", stage));
       }
       side = Side::kTargets;
       break;
@@ -141,7 +144,8 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
       }
       auto t = ToTorch(msg.activation());
       if (!t.ok()) {
-        why = absl::StrCat("activation of microbatch ", msg.microbatch(), ": ", t.status().message());
+        why =
+            absl::StrCat("activation of microbatch ", msg.microbatch(), ": ", t.status().message());
         break;
       }
       std::lock_guard<std::mutex> lock(mu_);
@@ -182,14 +186,15 @@ void StageHost::DownstreamReadLoop() {
       break;
     }
     if (!msg.has_gradient()) {
-      Fail(absl::StrCat("stage ", assignment_.stage(), ": downstream sent something that is not a gradient"),
+      Fail(absl::StrCat("stage ", assignment_.stage(),
+                        ": downstream sent something that is not a gradient"),
            Side::kDownstream);
       break;
     }
     auto t = ToTorch(msg.gradient());
     if (!t.ok()) {
-      Fail(absl::StrCat("stage ", assignment_.stage(), ": gradient of microbatch ", msg.microbatch(),
-                        ": ", t.status().message()));
+      Fail(absl::StrCat("stage ", assignment_.stage(), ": gradient of microbatch ",
+                        msg.microbatch(), ": ", t.status().message()));
       break;
     }
     {
@@ -359,10 +364,10 @@ absl::Status StageHost::Send(Side side, const v1::StageMessage& message) {
     ok = stream->Write(message);
   }
   if (!ok) {
-    return absl::UnavailableError(side == Side::kDownstream
-                                      ? absl::StrCat("lost downstream stage ", assignment_.stage() + 1,
-                                                     " at ", assignment_.downstream_address())
-                                      : "lost the upstream stream");
+    return absl::UnavailableError(
+        side == Side::kDownstream ? absl::StrCat("lost downstream stage ", assignment_.stage() + 1,
+                                                 " at ", assignment_.downstream_address())
+                                  : "lost the upstream stream");
   }
   return absl::OkStatus();
 }

@@ -52,8 +52,7 @@ class StageHost {
 
   // Serves an incoming stream whose first message, `open`, was already read.
   // Returns when the stream ends or the host stops.
-  grpc::Status Serve(grpc::ServerContext* context, PipeStream* stream,
-                     const v1::StreamOpen& open);
+  grpc::Status Serve(grpc::ServerContext* context, PipeStream* stream, const v1::StreamOpen& open);
 
   // Stops threads and cancels every stream. Idempotent; safe from any thread
   // except the host's own.

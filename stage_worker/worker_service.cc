@@ -22,9 +22,9 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (host_ && !host_->failed() && host_->job_id() != request->job_id()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("worker is busy with job ", host_->job_id(),
-                                       "; release it first"));
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("worker is busy with job ", host_->job_id(), "; release it first"));
     }
     old = std::move(host_);
   }
@@ -53,9 +53,9 @@ grpc::Status WorkerService::Pipe(grpc::ServerContext* context, PipeStream* strea
   }
   auto host = Current(first.open().job_id());
   if (!host) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("open.job_id: this worker has no stage of job '",
-                                     first.open().job_id(), "'"));
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("open.job_id: this worker has no stage of job '", first.open().job_id(), "'"));
   }
   return host->Serve(context, stream, first.open());
 }

@@ -80,8 +80,10 @@ TEST(BadInput, CoordinatorRefusesEachSpecNamingTheFieldAndKeepsServing) {
     auto ctx = ContextWithDeadline(10);
     grpc::Status st = stub->SubmitJob(ctx.get(), req, &resp);
     EXPECT_FALSE(st.ok()) << c.what;
-    const std::string field = absl::StrContains(c.what, "unknown field") ? "schedule.stages" : c.field;
-    EXPECT_TRUE(absl::StrContains(st.error_message(), field)) << c.what << ": " << st.error_message();
+    const std::string field =
+        absl::StrContains(c.what, "unknown field") ? "schedule.stages" : c.field;
+    EXPECT_TRUE(absl::StrContains(st.error_message(), field))
+        << c.what << ": " << st.error_message();
     (void)path;
   }
   // Still serving, and no job was created.

@@ -59,9 +59,8 @@ void Cluster::StartCoordinator() {
 void Cluster::AddWorker() {
   const int i = static_cast<int>(workers_.size());
   workers_.push_back(std::make_unique<Process>(
-      std::vector<std::string>{BinDir() + "/pipemare-worker", "--coordinator", address_,
-                               "--listen", "127.0.0.1:0", "--threads", "1",
-                               "--coordinator-timeout", "4"},
+      std::vector<std::string>{BinDir() + "/pipemare-worker", "--coordinator", address_, "--listen",
+                               "127.0.0.1:0", "--threads", "1", "--coordinator-timeout", "4"},
       absl::StrCat(dir_, "/worker-", i, ".log")));
 }
 
@@ -132,11 +131,14 @@ std::string ShortSpec(const std::string& name, const std::string& schedule, int 
                       int64_t train_limit, int epochs) {
   return absl::StrCat("name: ", name, R"(
 model: {type: mlp, layers: [784, 256, 128, 64, 10], activation: relu}
-data: {type: mnist, path: )", MnistDir(), ", train_limit: ", train_limit, R"(, test_limit: 2000}
+data: {type: mnist, path: )",
+                      MnistDir(), ", train_limit: ", train_limit, R"(, test_limit: 2000}
 optimizer: {type: sgd, lr: 0.05, momentum: 0.5}
-schedule: {type: )", schedule, ", stages: ", stages, R"(, microbatch_size: 32,
+schedule: {type: )",
+                      schedule, ", stages: ", stages, R"(, microbatch_size: 32,
            lr_anneal_steps: 100, discrepancy_decay: 0.1}
-train: {epochs: )", epochs, R"(, seed: 3}
+train: {epochs: )",
+                      epochs, R"(, seed: 3}
 )");
 }
 

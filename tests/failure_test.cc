@@ -79,7 +79,8 @@ TEST(Failure, KilledCoordinatorLeavesWorkersIdleAndTheRestartedOneReportsFailed)
   EXPECT_TRUE(absl::StrContains(job.reason(), "coordinator stopped")) << job.reason();
   EXPECT_TRUE(WaitFor(20, [&] { return cluster.CountWorkers(v1::IDLE) == 2; })) << cluster.Logs();
   // And the cluster works again.
-  const std::string again = cluster.Submit(cluster.WriteSpec("again", ShortSpec("again", "pipemare", 2, 3200)));
+  const std::string again =
+      cluster.Submit(cluster.WriteSpec("again", ShortSpec("again", "pipemare", 2, 3200)));
   ASSERT_FALSE(again.empty());
   EXPECT_EQ(cluster.WaitForEnd(again, 120).state(), v1::SUCCEEDED) << cluster.Logs();
 }

@@ -85,7 +85,8 @@ CommandResult Run(const std::vector<std::string>& argv, double timeout_seconds) 
   const int pid = Spawn(argv, out, err);
   CommandResult r;
   int status = 0;
-  const bool exited = WaitFor(timeout_seconds, [&] { return waitpid(pid, &status, WNOHANG) == pid; });
+  const bool exited =
+      WaitFor(timeout_seconds, [&] { return waitpid(pid, &status, WNOHANG) == pid; });
   if (!exited) {
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Pipemare's one entry point for a fresh Debian 12 machine.
+#   scripts/dev.sh example   install, build, train examples/mnist_pipemare.yaml
+#                            across local worker processes (pipemarectl local)
+#   scripts/dev.sh test      install, build, run every test (ctest)
+#   scripts/dev.sh deps|build
+# BUILD_DIR (default build) and JOBS (default nproc) may be set.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-"$root/build"}
+jobs=${JOBS:-$(nproc)}
+
+# Debian packages the build and the run need. libopenblas0-openmp replaces
+# the reference BLAS Debian's LibTorch would otherwise use (6x faster here).
+packages=(cmake ninja-build g++ ccache pkg-config npm
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libtorch-dev libopenblas0-openmp prometheus-cpp-dev libgtest-dev libgmock-dev
+  libyaml-cpp-dev libcli11-dev)
+
+deps() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    echo "installing: ${missing[*]}" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  "$root/scripts/fetch-mnist.sh" "$root/data/mnist"
+}
+
+build() {
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$build" -j "$jobs"
+}
+
+case "${1:-}" in
+  deps) deps ;;
+  build) deps; build ;;
+  example)
+    deps; build
+    cd "$root"
+    exec "$build/bin/pipemarectl" local examples/mnist_pipemare.yaml "${@:2}"
+    ;;
+  test)
+    deps; build
+    cd "$build"
+    exec ctest --output-on-failure --timeout 900 "${@:2}"
+    ;;
+  *)
+    echo "usage: scripts/dev.sh example|test|deps|build" >&2
+    exit 2
+    ;;
+esac
