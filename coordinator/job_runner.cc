@@ -133,6 +133,7 @@ absl::Status JobRunner::Impl::LoadStages(const std::vector<StageRange>& ranges,
     *a.mutable_schedule() = spec_.schedule();
     a.set_seed(spec_.train().seed());
     a.set_lr_anneal_steps(anneal_steps);
+    a.set_total_steps(total_steps_);
     if (i + 1 < P_) a.set_downstream_address(r_.workers_[i + 1].address());
     v1::LoadStageResponse resp;
     auto ctx = ContextWithDeadline(60);

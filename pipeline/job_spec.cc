@@ -226,6 +226,7 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
 void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (spec.model().activation().empty()) spec.mutable_model()->set_activation("relu");
   if (spec.optimizer().type().empty()) spec.mutable_optimizer()->set_type("sgd");
+  if (spec.optimizer().lr_schedule().empty()) spec.mutable_optimizer()->set_lr_schedule("constant");
   auto* s = spec.mutable_schedule();
   if (s->microbatch_size() == 0) s->set_microbatch_size(64);
   if (s->microbatches_per_step() == 0) s->set_microbatches_per_step(1);
@@ -283,6 +284,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (!(o.lr() > 0)) return Bad("optimizer.lr", "required, a number > 0 (e.g. 0.05)");
   if (o.momentum() < 0 || o.momentum() >= 1) return Bad("optimizer.momentum", "must be in [0, 1)");
   if (o.weight_decay() < 0) return Bad("optimizer.weight_decay", "must be >= 0");
+  if (auto st = OneOf("optimizer.lr_schedule", o.lr_schedule(), {"constant", "cosine"}); !st.ok()) {
+    return st;
+  }
   if (o.nesterov() && o.momentum() <= 0) {
     return Bad("optimizer.nesterov", "needs optimizer.momentum > 0");
   }

@@ -531,3 +531,18 @@ TEST(ModelUnitCountTest, MlpUnitsAreLayersMinusOne) {
 
 }  // namespace
 }  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+TEST(JobSpecValidateTest, LearningRateSchedule) {
+  v1::JobSpec spec = ValidSpec();
+  EXPECT_EQ(spec.optimizer().lr_schedule(), "constant") << "the default";
+  spec.mutable_optimizer()->set_lr_schedule("cosine");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  spec.mutable_optimizer()->set_lr_schedule("linear");
+  ExpectInvalid(ValidateJobSpec(spec), "optimizer.lr_schedule", "constant, cosine");
+}
+
+}  // namespace
+}  // namespace pipemare

@@ -69,6 +69,10 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
   auto kind = ParseScheduleKind(a.schedule().type());
   if (!kind.ok()) return kind.status();
   if (a.optimizer().type() != "sgd") return Bad("optimizer.type", "only 'sgd' is supported");
+  if (!a.optimizer().lr_schedule().empty() && a.optimizer().lr_schedule() != "constant" &&
+      a.optimizer().lr_schedule() != "cosine") {
+    return Bad("optimizer.lr_schedule", "allowed: constant, cosine");
+  }
   if (!(a.optimizer().lr() > 0)) return Bad("optimizer.lr", "must be > 0");
   if (a.schedule().microbatches_per_step() < 1) {
     return Bad("schedule.microbatches_per_step", "must be >= 1");
@@ -96,6 +100,8 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
                ? AnalyticDelay(a.num_stages(), a.stage(), a.schedule().microbatches_per_step())
                : 0),
       base_lr_(a.optimizer().lr()),
+      cosine_(a.optimizer().lr_schedule() == "cosine"),
+      total_steps_(a.total_steps()),
       lr_anneal_steps_(kind == ScheduleKind::kPipeMare ? a.lr_anneal_steps() : 0),
       t2_enabled_(kind == ScheduleKind::kPipeMare && a.schedule().has_discrepancy_decay() &&
                   a.schedule().discrepancy_decay() >= 0 && tau_ >= 1),
@@ -255,7 +261,8 @@ void StageRuntime::Step() {
     std::lock_guard<std::mutex> lock(stats_mu_);
     k = stats_.steps;
   }
-  const double lr = T1LearningRate(base_lr_, k, lr_anneal_steps_, tau_);
+  const double alpha_k = BaseLearningRate(base_lr_, cosine_, k, total_steps_);
+  const double lr = T1LearningRate(alpha_k, k, lr_anneal_steps_, tau_);
   for (auto& group : optimizer_->param_groups()) {
     static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
   }

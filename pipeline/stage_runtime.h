@@ -116,6 +116,8 @@ class StageRuntime {
   const int microbatches_per_step_;
   const int tau_;  // τ_i, analytic
   const double base_lr_;
+  const bool cosine_;
+  const int64_t total_steps_;
   const int64_t lr_anneal_steps_;  // T1's K; 0 = off
   const bool t2_enabled_;
   const double t2_gamma_;

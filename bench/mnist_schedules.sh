@@ -1,0 +1,48 @@
+#!/ usr / bin / env bash
+#Convergence and speed of the example spec under each schedule, side by side
+#on one local cluster(one coordinator, P workers), over several seeds.
+#bench / mnist_schedules.sh[SPEC][SEEDS...]
+#Prints one Markdown row per run : schedule, seed, final test accuracy,
+#seconds per epoch, samples / s.Results go to docs / benchmarks.md by hand.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${BIN_DIR:-$root/build/bin}
+spec=${1:-$root/examples/mnist_pipemare.yaml}
+shift || true
+seeds=("${@:-1 2 3}")
+[ $# -gt 0 ] && seeds=("$@") || seeds=(1 2 3)
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+stages=$(grep -oE 'stages: *[0-9]+' "$spec" | grep -oE '[0-9]+')
+"$bin/pipemare-coordinator" --listen 127.0.0.1:0 --address-file "$work/addr" 2>"$work/coord.log" &
+for _ in $(seq 50);
+do [-s "$work/addr"] && break;
+sleep 0.1; done
+addr=$(cat "$work/addr")
+for i in $(seq "$stages");
+do
+  "$bin/pipemare-worker" --coordinator "$addr" --listen 127.0.0.1:0 --threads 1 2>"$work/w$i.log" &
+done
+sleep 3
+cd "$root"
+echo "| schedule | seed | test accuracy | s/epoch | samples/s |"
+echo "|---|---|---|---|---|"
+for schedule in pipemare gpipe;
+do
+  for
+    seed in "${seeds[@]}";
+do
+    sed -E "s/type: (pipemare|gpipe), stages/type: $schedule, stages/; s/seed: *[0-9]+/seed: $seed/" \
+      "$spec" > "$work/spec.yaml"
+    "$bin/pipemarectl" --coordinator "$addr" submit "$work/spec.yaml" --wait >/dev/null 2>&1 || true
+    id=$("$bin/pipemarectl" --coordinator "$addr" list --output json |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][-1]["id"])')
+    "$bin/pipemarectl" --coordinator "$addr" status "$id" --output json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+e = j.get("epochs", [])
+spe = sum(x["seconds"] for x in e) / max(len(e), 1)
+print("| %s | %s | %.2f%% | %.1f | %.0f |" % (j["schedule"], j["spec"]["train"].get("seed", 0),
+      100 * j["metrics"].get("test_accuracy", 0), spe, j["metrics"].get("samples_per_second", 0)))'
+  done
+done
