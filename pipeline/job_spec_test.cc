@@ -546,3 +546,19 @@ TEST(JobSpecValidateTest, LearningRateSchedule) {
 
 }  // namespace
 }  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+// The shipped examples are valid specs (the README's main job runs one).
+TEST(JobSpecExamplesTest, ShippedExamplesValidate) {
+  for (const char* name : {"mnist_pipemare.yaml", "mnist_gpipe.yaml"}) {
+    auto spec = LoadJobSpecFile(std::string(PIPEMARE_EXAMPLES_DIR) + "/" + name);
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    ApplyJobSpecDefaults(*spec);
+    EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << name << ": " << ValidateJobSpec(*spec);
+  }
+}
+
+}  // namespace
+}  // namespace pipemare
