@@ -25,8 +25,13 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
-void ConfigureServer(grpc::ServerBuilder& builder, const std::string& address, int* selected_port) {
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), selected_port);
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
+                                                          grpc::Service* service, int* port,
+                                                          const std::string& flag) {
+  grpc::ServerBuilder builder;
+  *port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
@@ -34,6 +39,12 @@ void ConfigureServer(grpc::ServerBuilder& builder, const std::string& address, i
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || *port == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " ", address, ": cannot listen there (address in use or not host:port)"));
+  }
+  return server;
 }
 
 std::unique_ptr<grpc::ClientContext> ContextWithDeadline(double seconds) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace pipemare {
 
@@ -18,10 +19,13 @@ inline constexpr int kMaxMessageBytes = 256 * 1024 * 1024;
 // A channel to `address` ("host:port") with Pipemare's limits and keepalives.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 
-// Configures `builder` to listen on `address` with Pipemare's limits and
-// keepalives. `*selected_port` receives the bound port after BuildAndStart()
-// (so "127.0.0.1:0" picks a free one).
-void ConfigureServer(grpc::ServerBuilder& builder, const std::string& address, int* selected_port);
+// Starts a server for `service` on `address` ("host:port"; port 0 picks a
+// free one) with Pipemare's limits and keepalives. Returns the server and sets
+// `*port` to the bound port, or an error naming `flag` (e.g. "--listen") when
+// the address cannot be bound.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
+                                                          grpc::Service* service, int* port,
+                                                          const std::string& flag);
 
 // A client context with a deadline `seconds` from now.
 std::unique_ptr<grpc::ClientContext> ContextWithDeadline(double seconds);

@@ -42,16 +42,13 @@ int main(int argc, char** argv) {
   auto manager = std::make_unique<pipemare::JobManager>(&store, &registry, options);
   pipemare::CoordinatorService service(&store, &registry, manager.get(),
                                        static_cast<int64_t>(heartbeat_interval * 1000));
-  grpc::ServerBuilder builder;
   int port = 0;
-  pipemare::ConfigureServer(builder, listen, &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    std::cerr << "error: --listen " << listen << ": cannot listen there (in use or bad address)"
-              << std::endl;
+  auto started = pipemare::StartServer(listen, &service, &port, "--listen");
+  if (!started.ok()) {
+    std::cerr << "error: " << started.status().message() << std::endl;
     return 2;
   }
+  std::unique_ptr<grpc::Server> server = std::move(*started);
   const std::string bound = pipemare::WithPort(listen, port);
   std::cerr << "pipemare-coordinator serving on " << bound << std::endl;
   if (!address_file.empty()) {

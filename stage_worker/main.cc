@@ -69,16 +69,13 @@ int main(int argc, char** argv) {
   torch::set_num_threads(threads);
 
   pipemare::WorkerService service(*device, "");
-  grpc::ServerBuilder builder;
   int port = 0;
-  pipemare::ConfigureServer(builder, listen, &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    std::cerr << "error: --listen " << listen << ": cannot listen there (in use or bad address)"
-              << std::endl;
+  auto started = pipemare::StartServer(listen, &service, &port, "--listen");
+  if (!started.ok()) {
+    std::cerr << "error: " << started.status().message() << std::endl;
     return 2;
   }
+  std::unique_ptr<grpc::Server> server = std::move(*started);
   if (advertise.empty()) {
     advertise = pipemare::WithPort(listen, port);
     if (advertise.rfind("0.0.0.0:", 0) == 0) {
