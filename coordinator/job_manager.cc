@@ -71,6 +71,11 @@ absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& id) {
 
 void JobManager::Poke() { cv_.notify_all(); }
 
+bool JobManager::ShuttingDown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopping_;
+}
+
 void JobManager::SchedulerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
@@ -125,6 +130,12 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
     registry_->Release(id);
     if (result.ok()) {
       store_->UpdateState(id, v1::SUCCEEDED, "").IgnoreError();
+    } else if (absl::IsCancelled(result) && ShuttingDown()) {
+      // The cancel flag was raised by ~JobManager, not by a user.
+      store_
+          ->UpdateState(id, v1::FAILED,
+                        "the coordinator shut down while this job was running; resubmit it")
+          .IgnoreError();
     } else if (absl::IsCancelled(result)) {
       store_->UpdateState(id, v1::CANCELLED, std::string(result.message())).IgnoreError();
     } else {

@@ -38,6 +38,7 @@ class JobManager {
 
  private:
   void SchedulerLoop();
+  bool ShuttingDown();
   void StartJob(const std::string& id, std::vector<v1::WorkerInfo> workers);
 
   JobStore* const store_;

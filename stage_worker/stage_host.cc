@@ -55,9 +55,7 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
 StageHost::~StageHost() { Stop(); }
 
 void StageHost::Stop() {
-  if (stopping_.exchange(true)) {
-    // Someone else is stopping; still join if we own the threads.
-  }
+  stopping_ = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (upstream_context_) upstream_context_->TryCancel();
