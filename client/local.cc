@@ -25,8 +25,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/follow.h"
 #include "client/format.h"
+#include "common/metrics.h"
 #include "common/rpc.h"
 
 namespace pipemare::client {
@@ -327,8 +329,10 @@ void LocalCluster::PrintLogTails(const std::string& name) {
 // address, or an error (CANCELLED when interrupted).
 absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster, const std::string& binary) {
   const std::string address_file = cluster.dir() + "/coordinator.addr";
-  absl::Status started = cluster.Start("coordinator", binary,
-                                       {"--listen", "127.0.0.1:0", "--address-file", address_file});
+  absl::Status started = cluster.Start(
+      "coordinator", binary,
+      {"--listen", "127.0.0.1:0", "--address-file", address_file, "--metrics-listen", "127.0.0.1:0",
+       "--metrics-address-file", cluster.dir() + "/coordinator.metrics"});
   if (!started.ok()) return started;
 
   const auto deadline = After(kCoordinatorStartSeconds);
@@ -351,13 +355,16 @@ absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster, const std::s
 }
 
 // Starts `count` workers and waits until the coordinator lists that many
-// IDLE workers.
+// IDLE workers; then prints every service's /metrics address and, if
+// `targets_file` is set, writes them there as Prometheus file_sd targets.
 absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
-                          const std::string& coordinator, int count, int threads) {
+                          const std::string& coordinator, int count, int threads,
+                          const std::string& targets_file) {
   for (int k = 1; k <= count; ++k) {
-    absl::Status started = cluster.Start(absl::StrCat("worker-", k), binary,
-                                         {"--coordinator", coordinator, "--listen", "127.0.0.1:0",
-                                          "--threads", std::to_string(threads)});
+    absl::Status started =
+        cluster.Start(absl::StrCat("worker-", k), binary,
+                      {"--coordinator", coordinator, "--listen", "127.0.0.1:0", "--threads",
+                       std::to_string(threads), "--metrics-listen", "127.0.0.1:0"});
     if (!started.ok()) return started;
   }
 
@@ -377,7 +384,17 @@ absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
       for (const auto& worker : response.workers()) {
         if (worker.state() == v1::IDLE) ++idle;
       }
-      if (idle >= count) return absl::OkStatus();
+      if (idle >= count) {
+        const std::string coordinator_metrics = ReadTrimmed(cluster.dir() + "/coordinator.metrics");
+        std::vector<std::string> worker_metrics;
+        for (const auto& worker : response.workers()) {
+          if (!worker.metrics_address().empty()) worker_metrics.push_back(worker.metrics_address());
+        }
+        std::fprintf(stderr, "metrics (Prometheus targets): %s %s\n", coordinator_metrics.c_str(),
+                     absl::StrJoin(worker_metrics, " ").c_str());
+        if (targets_file.empty()) return absl::OkStatus();
+        return WriteFileSdTargets(targets_file, coordinator_metrics, worker_metrics);
+      }
       last_problem = absl::StrCat(idle, " of ", count, " workers IDLE");
     } else {
       last_problem = std::string(FromGrpc(status).message());
@@ -482,7 +499,8 @@ int RunLocal(const GlobalOptions& options, const LocalOptions& local) {
     absl::Status up = address.status();
     if (up.ok()) {
       job_options.coordinator = *address;
-      up = StartWorkers(cluster, *worker_bin, *address, workers, local.threads);
+      up = StartWorkers(cluster, *worker_bin, *address, workers, local.threads,
+                        local.prometheus_targets);
     }
     if (absl::IsCancelled(up)) {
       code = kExitInterrupted;

@@ -14,6 +14,9 @@ struct LocalOptions {
   int workers = 0;  // 0: one per pipeline stage
   int threads = 1;  // per worker
   bool keep_logs = false;
+  // If set, a Prometheus file_sd targets file naming the coordinator's and
+  // every worker's /metrics (deploy/prometheus/local.yml reads such files).
+  std::string prometheus_targets;
 };
 
 // Validates the spec, starts the cluster, runs the job to its end, prints the

@@ -64,6 +64,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   local_cmd->add_flag("--keep-logs", local.keep_logs,
                       "Keep the log directory even if the job succeeds");
+  local_cmd->add_option("--prometheus-targets", local.prometheus_targets,
+                        "Write the services' /metrics addresses to this file, as Prometheus "
+                        "file_sd targets (e.g. deploy/prometheus/targets/local.json)");
 
   try {
     app.parse(argc, argv);

@@ -1,7 +1,6 @@
 #include "coordinator/coordinator_service.h"
 
-#include <iostream>
-
+#include "common/log.h"
 #include "common/rpc.h"
 
 namespace pipemare {
@@ -11,7 +10,7 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::Submi
   if (!req->has_spec()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec: required");
   auto job = manager_->Submit(req->spec());
   if (!job.ok()) {
-    std::cerr << "refused a job: " << job.status().message() << std::endl;
+    LogWarning(absl::StrCat("refused a job: ", job.status().message()));
     return ToGrpc(job.status());
   }
   *resp->mutable_job() = *job;
@@ -69,7 +68,9 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
                                                 v1::RegisterWorkerResponse* resp) {
   auto id = registry_->Register(*req);
   if (!id.ok()) return ToGrpc(id.status());
-  std::cerr << "worker " << *id << " registered from " << req->address() << std::endl;
+  LogInfo(absl::StrCat("worker ", *id, " registered from ", req->address(), " (device ",
+                       req->device(), req->metrics_address().empty() ? "" : ", metrics ",
+                       req->metrics_address(), ")"));
   resp->set_worker_id(*id);
   resp->set_heartbeat_interval_ms(heartbeat_interval_ms_);
   manager_->Poke();

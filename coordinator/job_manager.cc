@@ -1,8 +1,7 @@
 #include "coordinator/job_manager.h"
 
-#include <iostream>
-
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/mnist.h"
 
@@ -37,8 +36,8 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec) {
   if (auto st = ValidateJobSpec(spec); !st.ok()) return st;
   if (auto st = CheckMnistDir(spec.data().path()); !st.ok()) return st;
   v1::JobStatus job = store_->Create(spec);
-  std::cerr << "accepted " << job.id() << " (" << spec.name() << ", " << spec.schedule().type()
-            << ", " << spec.schedule().stages() << " stages)" << std::endl;
+  LogInfo(ForJob(job.id()), absl::StrCat("accepted '", spec.name(), "' (", spec.schedule().type(),
+                                         ", ", spec.schedule().stages(), " stages): PENDING"));
   Poke();
   return store_->Get(job.id());
 }
@@ -85,7 +84,7 @@ void JobManager::SchedulerLoop() {
     finished_.clear();
     lock.unlock();
     if (int lost = registry_->MarkLost(); lost > 0) {
-      std::cerr << lost << " worker(s) stopped heartbeating and are now LOST" << std::endl;
+      LogWarning(absl::StrCat(lost, " worker(s) stopped heartbeating and are now LOST"));
     }
     // FIFO: the oldest PENDING job goes first; later jobs wait behind it so
     // a large job is not starved by small ones.
@@ -118,9 +117,10 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
   // REQUIRES: mu_ held.
   auto flag = std::make_shared<std::atomic<bool>>(false);
   cancel_[id] = flag;
-  std::cerr << "running " << id << " on";
-  for (const auto& w : workers) std::cerr << " " << w.id() << "@" << w.address();
-  std::cerr << std::endl;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    LogInfo(ForStage(id, static_cast<int>(i)),
+            absl::StrCat("assigned to worker ", workers[i].id(), " at ", workers[i].address()));
+  }
   runners_[id] = std::thread([this, id, workers = std::move(workers), flag]() mutable {
     auto job = store_->Get(id);
     absl::Status result = job.ok() ? JobRunner(id, job->spec(), std::move(workers), store_,
@@ -141,7 +141,7 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
     } else {
       store_->UpdateState(id, v1::FAILED, std::string(result.message())).IgnoreError();
     }
-    std::cerr << id << " ended: " << (result.ok() ? "SUCCEEDED" : result.ToString()) << std::endl;
+    if (!result.ok()) LogError(ForJob(id), absl::StrCat("ended: ", result.ToString()));
     std::lock_guard<std::mutex> lock(mu_);
     cancel_.erase(id);
     auto it = runners_.find(id);

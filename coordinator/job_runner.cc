@@ -4,13 +4,13 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
-#include <iostream>
 #include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/rpc.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/mnist.h"
@@ -476,8 +476,9 @@ absl::Status JobRunner::Impl::Run() {
                    s.mutable_metrics()->set_test_loss(test_loss);
                  })
         .IgnoreError();
-    std::cerr << "job " << r_.job_id_ << " epoch " << epoch_ << ": train loss " << epoch_train_loss
-              << ", test accuracy " << accuracy << " (" << seconds << " s)" << std::endl;
+    LogInfo(ForJob(r_.job_id_),
+            absl::StrCat("epoch ", epoch_, ": train loss ", epoch_train_loss, ", test loss ",
+                         test_loss, ", test accuracy ", accuracy, " (", seconds, " s)"));
     if (!std::isfinite(epoch_train_loss)) {
       st =
           absl::AbortedError(absl::StrCat("training diverged in epoch ", epoch_,

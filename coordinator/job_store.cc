@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace pipemare {
@@ -44,7 +44,7 @@ JobStore::JobStore(std::string state_dir) : state_dir_(std::move(state_dir)) {
     v1::JobStatus status;
     if (!google::protobuf::util::JsonStringToMessage(ss.str(), &status).ok() ||
         status.id().empty()) {
-      std::cerr << "warning: ignoring unreadable job file " << file.path() << std::endl;
+      LogWarning(absl::StrCat("ignoring unreadable job file ", file.path().string()));
       continue;
     }
     if (status.state() == v1::RUNNING) {
@@ -71,7 +71,8 @@ void JobStore::Persist(const v1::JobStatus& status) {
     std::ofstream out(tmp, std::ios::trunc);
     out << json;
     if (!out) {
-      std::cerr << "warning: cannot write " << tmp << std::endl;
+      LogError(ForJob(status.id()),
+               absl::StrCat("cannot write ", tmp, "; the job record is not persisted"));
       return;
     }
   }
@@ -130,6 +131,8 @@ absl::Status JobStore::UpdateState(const std::string& id, v1::JobState state,
     return absl::FailedPreconditionError(
         absl::StrCat("job ", id, " already ended ", v1::JobState_Name(s.state())));
   }
+  LogInfo(ForJob(id), absl::StrCat(v1::JobState_Name(s.state()), " -> ", v1::JobState_Name(state),
+                                   reason.empty() ? "" : ": ", reason));
   s.set_state(state);
   s.set_reason(reason);
   if (state == v1::RUNNING && s.started_unix_ms() == 0) s.set_started_unix_ms(NowUnixMs());

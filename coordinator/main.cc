@@ -7,13 +7,18 @@
 #include <fstream>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/signals.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"pipemare-coordinator: the Pipemare job coordinator"};
   std::string listen = "0.0.0.0:7070", address_file, state_dir;
+  std::string metrics_listen = "0.0.0.0:9460", metrics_address_file, log_format = "text";
   double worker_timeout = 5, heartbeat_interval = 1, stall_timeout = 120;
   app.add_option("--listen", listen, "address to serve on (port 0 = any free port)");
   app.add_option("--address-file", address_file,
@@ -27,9 +32,18 @@ int main(int argc, char** argv) {
   app.add_option("--stall-timeout", stall_timeout,
                  "fail a job whose pipeline makes no progress for this many seconds")
       ->check(CLI::PositiveNumber);
+  app.add_option("--metrics-listen", metrics_listen,
+                 "host:port for Prometheus /metrics (port 0 = any; empty = off)");
+  app.add_option("--metrics-address-file", metrics_address_file,
+                 "write the bound metrics host:port here once serving (for launchers)");
+  app.add_option("--log-format", log_format, "text or json");
   CLI11_PARSE(app, argc, argv);
+  if (auto st = pipemare::InitLogging(log_format); !st.ok()) {
+    std::cerr << "error: " << st.message() << std::endl;
+    return 2;
+  }
   if (heartbeat_interval >= worker_timeout) {
-    std::cerr << "error: --heartbeat-interval must be shorter than --worker-timeout" << std::endl;
+    pipemare::LogError("error: --heartbeat-interval must be shorter than --worker-timeout");
     return 2;
   }
   pipemare::BlockStopSignals();
@@ -42,23 +56,39 @@ int main(int argc, char** argv) {
   auto manager = std::make_unique<pipemare::JobManager>(&store, &registry, options);
   pipemare::CoordinatorService service(&store, &registry, manager.get(),
                                        static_cast<int64_t>(heartbeat_interval * 1000));
+  auto metrics = std::make_shared<pipemare::CoordinatorMetrics>(&store, &registry);
+  std::unique_ptr<pipemare::MetricsServer> metrics_server;
+  if (!metrics_listen.empty()) {
+    auto m = pipemare::MetricsServer::Start(metrics_listen, {metrics});
+    if (!m.ok()) {
+      pipemare::LogError(absl::StrCat("error: ", m.status().message()));
+      return 2;
+    }
+    metrics_server = std::move(*m);
+  }
   int port = 0;
   auto started = pipemare::StartServer(listen, &service, &port, "--listen");
   if (!started.ok()) {
-    std::cerr << "error: " << started.status().message() << std::endl;
+    pipemare::LogError(absl::StrCat("error: ", started.status().message()));
     return 2;
   }
   std::unique_ptr<grpc::Server> server = std::move(*started);
   const std::string bound = pipemare::WithPort(listen, port);
-  std::cerr << "pipemare-coordinator serving on " << bound << std::endl;
-  if (!address_file.empty()) {
-    const std::string tmp = address_file + ".tmp";
-    std::ofstream(tmp) << bound << "\n";
-    std::filesystem::rename(tmp, address_file);
+  pipemare::LogInfo(absl::StrCat("pipemare-coordinator serving on ", bound, ", metrics on ",
+                                 metrics_server ? metrics_server->address() : "(off)"));
+  // Written atomically (rename): a reader sees the whole address or nothing.
+  auto write_file = [](const std::string& path, const std::string& text) {
+    const std::string tmp = path + ".tmp";
+    std::ofstream(tmp) << text << "\n";
+    std::filesystem::rename(tmp, path);
+  };
+  if (!metrics_address_file.empty() && metrics_server) {
+    write_file(metrics_address_file, metrics_server->address());
   }
+  if (!address_file.empty()) write_file(address_file, bound);
   while (!pipemare::WaitForStop(std::chrono::milliseconds(1000))) {
   }
-  std::cerr << "pipemare-coordinator stopping" << std::endl;
+  pipemare::LogInfo("pipemare-coordinator stopping");
   manager.reset();  // cancels running jobs and releases their workers
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;

@@ -33,6 +33,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   e.info.set_address(request.address());
   e.info.set_device(request.device().empty() ? "cpu" : request.device());
   e.info.set_threads(request.threads());
+  e.info.set_metrics_address(request.metrics_address());
   e.info.set_state(v1::IDLE);
   e.info.set_stage(-1);
   e.info.set_last_heartbeat_unix_ms(UnixMs());
@@ -60,10 +61,16 @@ int WorkerRegistry::MarkLost() {
   for (auto& [id, e] : workers_) {
     if (e.info.state() != v1::LOST && now - e.last_heartbeat > timeout_) {
       e.info.set_state(v1::LOST);
+      ++heartbeat_misses_;
       ++lost;
     }
   }
   return lost;
+}
+
+int64_t WorkerRegistry::HeartbeatMisses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return heartbeat_misses_;
 }
 
 std::vector<v1::WorkerInfo> WorkerRegistry::List() const {

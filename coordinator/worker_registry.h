@@ -43,6 +43,8 @@ class WorkerRegistry {
   // Returns the job's BUSY workers to IDLE.
   void Release(const std::string& job_id);
   bool IsLost(const std::string& worker_id) const;
+  // How many times, in all, a worker went LOST for missing heartbeats.
+  int64_t HeartbeatMisses() const;
 
  private:
   struct Entry {
@@ -53,6 +55,7 @@ class WorkerRegistry {
   const std::chrono::milliseconds timeout_;
   mutable std::mutex mu_;
   std::map<std::string, Entry> workers_;  // GUARDED_BY(mu_)
+  int64_t heartbeat_misses_ = 0;          // GUARDED_BY(mu_)
   int64_t next_id_ = 1;
 };
 

@@ -1,5 +1,8 @@
 #include "pipeline/stage_runtime.h"
 
+#include <chrono>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/pipemare_math.h"
@@ -122,6 +125,28 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
   stats_.parameters = params;
   stats_.analytic_delay = tau_;
   stats_.learning_rate = T1LearningRate(base_lr_, 0, lr_anneal_steps_, tau_);
+  UpdateMemoryLocked();
+}
+
+namespace {
+int64_t Bytes(const torch::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.numel() * t.element_size()) : 0;
+}
+}  // namespace
+
+void StageRuntime::UpdateMemoryLocked() {
+  StageMemory m;
+  for (const auto& p : module_->parameters()) m.weights += Bytes(p);
+  for (const auto& b : module_->buffers()) m.weights += Bytes(b);
+  for (const auto& v : velocity_) m.t2_velocity += Bytes(v);
+  for (const auto& kv : optimizer_->state()) {
+    m.optimizer_state +=
+        Bytes(static_cast<const torch::optim::SGDParamState&>(*kv.second).momentum_buffer());
+  }
+  for (const auto& kv : saved_)
+    m.saved_activations += Bytes(kv.second.input) + Bytes(kv.second.targets);
+  stats_.memory = m;
+  stats_.in_flight = static_cast<int64_t>(saved_.size());
 }
 
 absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const torch::Tensor& input,
@@ -139,6 +164,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
     std::lock_guard<std::mutex> lock(stats_mu_);
     saved_[microbatch] = Saved{input.to(device_), torch::Tensor(), stats_.steps};
     ++stats_.forwards;
+    UpdateMemoryLocked();
   }
   return out;
 }
@@ -176,6 +202,7 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
     std::lock_guard<std::mutex> lock(stats_mu_);
     saved_[microbatch] = Saved{input.to(device_), targets.to(device_), stats_.steps};
     ++stats_.forwards;
+    UpdateMemoryLocked();
   }
   return r;
 }
@@ -201,8 +228,13 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
     return absl::InvalidArgumentError("missing gradient on a stage that is not last");
   }
   Saved saved = std::move(it->second);
-  saved_.erase(it);
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    saved_.erase(it);
+    UpdateMemoryLocked();
+  }
   torch::Tensor grad_input;
+  double correction_sq = 0;
   absl::Status st = Guard(absl::StrCat("stage ", stage_, " backward").c_str(), [&] {
     auto params = module_->parameters();
     std::vector<torch::Tensor> w_t;
@@ -222,6 +254,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
       auto u = BackwardWeights();
       for (size_t j = 0; j < params.size(); ++j) {
         w_t.push_back(params[j].detach().clone());
+        correction_sq += (u[j] - w_t[j]).pow(2).sum().item<double>();
         params[j].copy_(u[j]);
       }
     }
@@ -246,6 +279,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
     std::lock_guard<std::mutex> lock(stats_mu_);
     delay_sum_ += static_cast<double>(stats_.steps - saved.step);
     ++stats_.backwards;
+    stats_.t2_correction_norm = std::sqrt(correction_sq);
     stats_.measured_delay = delay_sum_ / static_cast<double>(stats_.backwards);
   }
   if (++backwards_since_step_ == microbatches_per_step_) {
@@ -256,6 +290,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
 }
 
 void StageRuntime::Step() {
+  const auto start = std::chrono::steady_clock::now();
   int64_t k;
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -282,6 +317,9 @@ void StageRuntime::Step() {
   std::lock_guard<std::mutex> lock(stats_mu_);
   ++stats_.steps;
   stats_.learning_rate = lr;
+  stats_.last_step_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  UpdateMemoryLocked();
 }
 
 StageStats StageRuntime::Stats() const {

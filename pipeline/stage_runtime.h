@@ -38,6 +38,15 @@ absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& type);
 absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int first_unit,
                                                  int units, int64_t seed);
 
+// Bytes a stage holds now, from the tensors themselves.
+struct StageMemory {
+  int64_t weights = 0;
+  int64_t optimizer_state = 0;    // e.g. SGD momentum buffers
+  int64_t t2_velocity = 0;        // T2's δ
+  int64_t stash = 0;              // stashed weight versions (none yet)
+  int64_t saved_activations = 0;  // stage inputs (and targets) kept for backwards
+};
+
 struct StageStats {
   int64_t steps = 0;
   int64_t forwards = 0;
@@ -45,7 +54,11 @@ struct StageStats {
   double measured_delay = 0;  // mean optimizer steps between forward and backward
   double learning_rate = 0;   // at the last step, after T1
   int64_t parameters = 0;
-  int analytic_delay = 0;  // τ_i
+  int analytic_delay = 0;         // τ_i
+  int64_t in_flight = 0;          // forwards whose backward has not run
+  double t2_correction_norm = 0;  // ||u_bkwd - w_t||_2 at the last backward
+  double last_step_seconds = 0;   // duration of the last optimizer step
+  StageMemory memory;
 };
 
 struct LossResult {
@@ -127,6 +140,9 @@ class StageRuntime {
   std::vector<torch::Tensor> velocity_;  // T2's δ, one per parameter
   std::map<uint64_t, Saved> saved_;
   int backwards_since_step_ = 0;
+
+  // Recomputes stats_.memory (stats_mu_ held).
+  void UpdateMemoryLocked();
 
   mutable std::mutex stats_mu_;
   StageStats stats_;  // GUARDED_BY(stats_mu_)

@@ -692,3 +692,50 @@ TEST(ParseScheduleKindTest, Values) {
 
 }  // namespace
 }  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+TEST(StageRuntimeMemoryTest, CountsTheTensorsTheStageHolds) {
+  // Stage 0 of 4 holds Linear(4,3) (12 + 3) and Linear(3,3) (9 + 3): 27 floats.
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2}, "tanh");
+  v1::StageAssignment a = Assignment("pipemare", 0, 4, 0, 2, model, 0.1);
+  a.mutable_optimizer()->set_momentum(0.9);
+  a.mutable_schedule()->set_discrepancy_decay(0.1);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  const int64_t weights = 27 * 4;
+  StageStats s = rt->Stats();
+  EXPECT_EQ(s.parameters, 27);
+  EXPECT_EQ(s.memory.weights, weights);
+  EXPECT_EQ(s.memory.t2_velocity, weights);  // one δ per parameter
+  EXPECT_EQ(s.memory.optimizer_state, 0);    // momentum buffers appear at the first step
+  EXPECT_EQ(s.memory.saved_activations, 0);
+  EXPECT_EQ(s.memory.stash, 0);
+
+  const torch::Tensor x1 = Inputs(1), x2 = Inputs(2);
+  ASSERT_TRUE(rt->Forward(1, x1, true).ok());
+  ASSERT_TRUE(rt->Forward(2, x2, true).ok());
+  s = rt->Stats();
+  EXPECT_EQ(s.in_flight, 2);
+  EXPECT_EQ(s.memory.saved_activations, 2 * kBatch * 4 * 4);
+  ASSERT_TRUE(rt->Forward(3, x1, /*train=*/false).ok());  // eval saves nothing
+  EXPECT_EQ(rt->Stats().memory.saved_activations, 2 * kBatch * 4 * 4);
+
+  torch::manual_seed(5);
+  ASSERT_TRUE(rt->Backward(1, torch::randn({kBatch, 3})).ok());
+  s = rt->Stats();
+  EXPECT_EQ(s.in_flight, 1);
+  EXPECT_EQ(s.memory.saved_activations, kBatch * 4 * 4);
+  EXPECT_EQ(s.memory.optimizer_state, weights);  // SGD momentum: one buffer per parameter
+  EXPECT_EQ(s.t2_correction_norm, 0);            // δ was 0 at the first backward
+  EXPECT_GT(s.last_step_seconds, 0);
+
+  ASSERT_TRUE(rt->Backward(2, torch::randn({kBatch, 3})).ok());
+  EXPECT_GT(rt->Stats().t2_correction_norm, 0) << "after one step δ != 0, so u_bkwd != w";
+  EXPECT_EQ(rt->Stats().in_flight, 0);
+  EXPECT_EQ(rt->Stats().memory.saved_activations, 0);
+}
+
+}  // namespace
+}  // namespace pipemare

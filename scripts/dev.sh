@@ -15,7 +15,9 @@ jobs=${JOBS:-$(nproc)}
 packages=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtorch-dev libopenblas0-openmp prometheus-cpp-dev libgtest-dev libgmock-dev
-  libyaml-cpp-dev libcli11-dev)
+  libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev
+  libcpp-httplib-dev
+  prometheus)
 
 deps() {
   local missing=()

@@ -8,8 +8,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/signals.h"
+#include "stage_worker/stage_metrics.h"
 #include "stage_worker/worker_service.h"
 
 namespace {
@@ -46,6 +49,7 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& s) {
 int main(int argc, char** argv) {
   CLI::App app{"pipemare-worker: serves pipeline stages for a Pipemare coordinator"};
   std::string coordinator, listen = "0.0.0.0:0", advertise, device_flag = "cpu";
+  std::string metrics_listen = "0.0.0.0:9461", log_format = "text";
   int threads = 1;
   double lost_after = 10;
   app.add_option("--coordinator", coordinator, "coordinator address host:port")->required();
@@ -58,21 +62,38 @@ int main(int argc, char** argv) {
   app.add_option("--coordinator-timeout", lost_after,
                  "seconds without reaching the coordinator before the current stage is dropped")
       ->check(CLI::PositiveNumber);
+  app.add_option("--metrics-listen", metrics_listen,
+                 "host:port for Prometheus /metrics (port 0 = any; empty = off)");
+  app.add_option("--log-format", log_format, "text or json");
   CLI11_PARSE(app, argc, argv);
 
+  if (auto st = pipemare::InitLogging(log_format); !st.ok()) {
+    std::cerr << "error: " << st.message() << std::endl;
+    return 2;
+  }
   pipemare::BlockStopSignals();
   auto device = ParseDevice(device_flag);
   if (!device.ok()) {
-    std::cerr << "error: " << device.status().message() << std::endl;
+    pipemare::LogError(absl::StrCat("error: ", device.status().message()));
     return 2;
   }
   torch::set_num_threads(threads);
 
-  pipemare::WorkerService service(*device, "");
+  pipemare::WorkerMetrics metrics(device_flag);
+  std::unique_ptr<pipemare::MetricsServer> metrics_server;
+  if (!metrics_listen.empty()) {
+    auto m = pipemare::MetricsServer::Start(metrics_listen, {metrics.registry()});
+    if (!m.ok()) {
+      pipemare::LogError(absl::StrCat("error: ", m.status().message()));
+      return 2;
+    }
+    metrics_server = std::move(*m);
+  }
+  pipemare::WorkerService service(*device, "", &metrics);
   int port = 0;
   auto started = pipemare::StartServer(listen, &service, &port, "--listen");
   if (!started.ok()) {
-    std::cerr << "error: " << started.status().message() << std::endl;
+    pipemare::LogError(absl::StrCat("error: ", started.status().message()));
     return 2;
   }
   std::unique_ptr<grpc::Server> server = std::move(*started);
@@ -85,8 +106,18 @@ int main(int argc, char** argv) {
     }
   }
   service.set_self_address(advertise);
-  std::cerr << "pipemare-worker serving on " << advertise << " (device " << device_flag
-            << ", threads " << threads << ")" << std::endl;
+  // Advertise metrics on the same host as the service when bound to any.
+  std::string metrics_address;
+  if (metrics_server) {
+    metrics_address = metrics_server->address();
+    if (metrics_address.rfind("0.0.0.0:", 0) == 0) {
+      metrics_address = pipemare::WithPort(
+          advertise, std::stoi(metrics_address.substr(metrics_address.rfind(':') + 1)));
+    }
+  }
+  pipemare::LogInfo(absl::StrCat("pipemare-worker serving on ", advertise, " (device ", device_flag,
+                                 ", threads ", threads, "), metrics on ",
+                                 metrics_address.empty() ? "(off)" : metrics_address));
 
   // Register, then heartbeat; re-register when the coordinator forgets us.
   auto stub = pipemare::v1::Coordinator::NewStub(pipemare::MakeChannel(coordinator));
@@ -100,6 +131,7 @@ int main(int argc, char** argv) {
       req.set_address(advertise);
       req.set_device(device_flag);
       req.set_threads(threads);
+      req.set_metrics_address(metrics_address);
       pipemare::v1::RegisterWorkerResponse resp;
       auto ctx = pipemare::ContextWithDeadline(5);
       grpc::Status st = stub->RegisterWorker(ctx.get(), req, &resp);
@@ -108,11 +140,11 @@ int main(int argc, char** argv) {
         interval_ms = std::max<int64_t>(100, resp.heartbeat_interval_ms());
         last_contact = std::chrono::steady_clock::now();
         warned = false;
-        std::cerr << "registered with coordinator " << coordinator << " as " << worker_id
-                  << std::endl;
+        pipemare::LogInfo(
+            absl::StrCat("registered with coordinator ", coordinator, " as ", worker_id));
       } else if (!warned) {
-        std::cerr << "cannot register with coordinator " << coordinator << ": "
-                  << st.error_message() << " (retrying)" << std::endl;
+        pipemare::LogWarning(absl::StrCat("cannot register with coordinator ", coordinator, ": ",
+                                          st.error_message(), " (retrying)"));
         warned = true;
       }
     } else {
@@ -124,8 +156,8 @@ int main(int argc, char** argv) {
       if (st.ok()) {
         last_contact = std::chrono::steady_clock::now();
       } else if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
-        std::cerr << "coordinator does not know " << worker_id << "; registering again"
-                  << std::endl;
+        pipemare::LogWarning(
+            absl::StrCat("coordinator does not know ", worker_id, "; registering again"));
         service.ReleaseAll("the coordinator no longer knows this worker");
         worker_id.clear();
         continue;
@@ -139,7 +171,7 @@ int main(int argc, char** argv) {
     }
     pipemare::WaitForStop(std::chrono::milliseconds(interval_ms));
   }
-  std::cerr << "pipemare-worker stopping" << std::endl;
+  pipemare::LogInfo("pipemare-worker stopping");
   service.ReleaseAll("worker shutting down");
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;

@@ -1,8 +1,9 @@
 #include "stage_worker/stage_host.h"
 
-#include <iostream>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/rpc.h"
 #include "pipeline/torch_codec.h"
 
@@ -11,6 +12,10 @@ namespace {
 
 constexpr double kConnectSeconds = 10;
 
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 }  // namespace
 
 StageHost::StageHost(const v1::StageAssignment& a, const std::string& self_address)
@@ -18,11 +23,14 @@ StageHost::StageHost(const v1::StageAssignment& a, const std::string& self_addre
 
 absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssignment& a,
                                                             torch::Device device,
-                                                            const std::string& self_address) {
+                                                            const std::string& self_address,
+                                                            std::shared_ptr<StageMetrics> metrics) {
   auto runtime = StageRuntime::Create(a, device);
   if (!runtime.ok()) return runtime.status();
   std::shared_ptr<StageHost> host(new StageHost(a, self_address));
   host->runtime_ = std::move(*runtime);
+  host->metrics_ = std::move(metrics);
+  host->metrics_->Update(host->runtime_->Stats());
   host->warmup_ = a.num_stages() - a.stage();
   if (!host->runtime_->is_last()) {
     if (a.downstream_address().empty()) {
@@ -133,6 +141,7 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
         why = absl::StrCat("targets of microbatch ", msg.microbatch(), ": ", t.status().message());
         break;
       }
+      metrics_->received_targets_bytes->Increment(msg.targets().data().size());
       std::lock_guard<std::mutex> lock(mu_);
       targets_[msg.microbatch()] = *t;
     } else {
@@ -146,6 +155,7 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
             absl::StrCat("activation of microbatch ", msg.microbatch(), ": ", t.status().message());
         break;
       }
+      metrics_->received_activation_bytes->Increment(msg.activation().data().size());
       std::lock_guard<std::mutex> lock(mu_);
       activations_.push_back(Event{false, msg.microbatch(), msg.phase(), msg.flush(), *t});
     }
@@ -195,6 +205,7 @@ void StageHost::DownstreamReadLoop() {
                         msg.microbatch(), ": ", t.status().message()));
       break;
     }
+    metrics_->received_gradient_bytes->Increment(msg.gradient().data().size());
     {
       std::lock_guard<std::mutex> lock(mu_);
       gradients_.push_back(Event{true, msg.microbatch(), v1::TRAIN, false, *t});
@@ -256,8 +267,15 @@ bool StageHost::NextEvent(Event* event) {
 
 void StageHost::ComputeLoop() {
   Event event;
-  while (!stopping_ && !failed_ && NextEvent(&event)) {
+  while (!stopping_ && !failed_) {
+    auto waiting = std::chrono::steady_clock::now();
+    const bool got = NextEvent(&event);
+    metrics_->idle_seconds->Increment(SecondsSince(waiting));
+    if (!got) break;
+    auto busy = std::chrono::steady_clock::now();
     absl::Status st = Process(event);
+    metrics_->busy_seconds->Increment(SecondsSince(busy));
+    metrics_->Update(runtime_->Stats());
     if (!st.ok()) {
       Fail(absl::StrCat("stage ", assignment_.stage(), " (", self_address_, "): ", st.message()));
       return;
@@ -279,9 +297,16 @@ absl::Status StageHost::HandleActivation(const Event& event) {
     ++outstanding_;
     if (event.flush) cooling_ = true;
   }
+  auto forward_start = std::chrono::steady_clock::now();
+  auto observe_forward = [&] {
+    (train ? metrics_->forward_train_seconds : metrics_->forward_eval_seconds)
+        ->Observe(SecondsSince(forward_start));
+    (train ? metrics_->forwards_train : metrics_->forwards_eval)->Increment();
+  };
   if (!runtime_->is_last()) {
     auto out = runtime_->Forward(event.microbatch, event.tensor, train);
     if (!out.ok()) return out.status();
+    observe_forward();
     v1::StageMessage msg;
     msg.set_microbatch(event.microbatch);
     msg.set_phase(event.phase);
@@ -289,6 +314,7 @@ absl::Status StageHost::HandleActivation(const Event& event) {
     auto wire = FromTorch(*out);
     if (!wire.ok()) return wire.status();
     *msg.mutable_activation() = std::move(*wire);
+    metrics_->sent_activation_bytes->Increment(msg.activation().data().size());
     return Send(Side::kDownstream, msg);
   }
   torch::Tensor targets;
@@ -300,6 +326,7 @@ absl::Status StageHost::HandleActivation(const Event& event) {
   }
   auto result = runtime_->ForwardLoss(event.microbatch, event.tensor, targets, train);
   if (!result.ok()) return result.status();
+  observe_forward();
   v1::StageMessage msg;
   msg.set_microbatch(event.microbatch);
   msg.set_phase(event.phase);
@@ -325,8 +352,16 @@ absl::Status StageHost::HandleActivation(const Event& event) {
 }
 
 absl::Status StageHost::BackwardAndSendUp(uint64_t microbatch, const torch::Tensor& grad_output) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t steps_before = runtime_->Stats().steps;
   auto grad_input = runtime_->Backward(microbatch, grad_output);
   if (!grad_input.ok()) return grad_input.status();
+  double seconds = SecondsSince(start);
+  const StageStats stats = runtime_->Stats();
+  if (stats.steps > steps_before) seconds = std::max(0.0, seconds - stats.last_step_seconds);
+  metrics_->backward_seconds->Observe(seconds);
+  metrics_->backwards->Increment();
+  metrics_->Update(stats);  // observes the optimizer step, if one ran
   if (--outstanding_ == 0) cooling_ = false;
   v1::StageMessage msg;
   msg.set_microbatch(microbatch);
@@ -337,6 +372,7 @@ absl::Status StageHost::BackwardAndSendUp(uint64_t microbatch, const torch::Tens
     auto wire = FromTorch(*grad_input);
     if (!wire.ok()) return wire.status();
     *msg.mutable_gradient() = std::move(*wire);
+    metrics_->sent_gradient_bytes->Increment(msg.gradient().data().size());
   }
   return Send(Side::kUpstream, msg);
 }
@@ -376,8 +412,8 @@ void StageHost::Fail(const std::string& message, Side from) {
     std::lock_guard<std::mutex> lock(mu_);
     error_ = message;
   }
-  std::cerr << "job " << assignment_.job_id() << " stage " << assignment_.stage()
-            << " failed: " << message << std::endl;
+  LogError(ForStage(assignment_.job_id(), assignment_.stage()),
+           absl::StrCat("stage failed: ", message));
   v1::StageMessage msg;
   msg.mutable_error()->set_message(message);
   for (Side side : {Side::kUpstream, Side::kDownstream, Side::kTargets}) {

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "pipeline/stage_runtime.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
+#include "stage_worker/stage_metrics.h"
 
 namespace pipemare {
 
@@ -40,10 +41,12 @@ class StageHost {
  public:
   // Builds the stage and, unless it is the last, opens the stream to
   // a.downstream_address() (which must already have its stage loaded).
-  // `self_address` only labels error messages.
+  // `self_address` only labels error messages. `metrics` (not null) receives
+  // the stage's timings, traffic and stats.
   static absl::StatusOr<std::shared_ptr<StageHost>> Start(const v1::StageAssignment& a,
                                                           torch::Device device,
-                                                          const std::string& self_address);
+                                                          const std::string& self_address,
+                                                          std::shared_ptr<StageMetrics> metrics);
   ~StageHost();
   StageHost(const StageHost&) = delete;
   StageHost& operator=(const StageHost&) = delete;
@@ -88,6 +91,7 @@ class StageHost {
   const v1::StageAssignment assignment_;
   const std::string self_address_;
   std::unique_ptr<StageRuntime> runtime_;
+  std::shared_ptr<StageMetrics> metrics_;
 
   // Downstream stream (client side), opened in Start().
   std::unique_ptr<v1::StageWorker::Stub> downstream_stub_;

@@ -1,8 +1,7 @@
 #include "stage_worker/worker_service.h"
 
-#include <iostream>
-
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/rpc.h"
 
 namespace pipemare {
@@ -27,20 +26,28 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
           absl::StrCat("worker is busy with job ", host_->job_id(), "; release it first"));
     }
     old = std::move(host_);
+    CountStagesLocked();
   }
   if (old) old->Stop();
-  auto host = StageHost::Start(*request, device_, self_address_);
-  if (!host.ok()) return ToGrpc(host.status());
+  const LogContext log = ForStage(request->job_id(), request->stage());
+  auto host = StageHost::Start(*request, device_, self_address_,
+                               metrics_->ForStage(request->job_id(), request->stage()));
+  if (!host.ok()) {
+    LogError(log, absl::StrCat("cannot load stage: ", host.status().message()));
+    return ToGrpc(host.status());
+  }
   const StageStats stats = (*host)->Stats();
   response->set_parameters(stats.parameters);
   response->set_analytic_delay(stats.analytic_delay);
   {
     std::lock_guard<std::mutex> lock(mu_);
     host_ = *host;
+    CountStagesLocked();
   }
-  std::cerr << "loaded job " << request->job_id() << " stage " << request->stage() << "/"
-            << request->num_stages() << " units [" << request->first_unit() << ", "
-            << request->first_unit() + request->units() << ")" << std::endl;
+  LogInfo(log, absl::StrCat("loaded stage ", request->stage(), " of ", request->num_stages(),
+                            ": units [", request->first_unit(), ", ",
+                            request->first_unit() + request->units(), "), ", stats.parameters,
+                            " parameters, schedule ", request->schedule().type()));
   return grpc::Status::OK;
 }
 
@@ -79,10 +86,11 @@ grpc::Status WorkerService::ReleaseStage(grpc::ServerContext*,
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (host_ && host_->job_id() == request->job_id()) host = std::move(host_);
+    CountStagesLocked();
   }
   if (host) {
     host->Stop();
-    std::cerr << "released job " << request->job_id() << std::endl;
+    LogInfo(ForJob(request->job_id()), "released stage");
   }
   return grpc::Status::OK;  // releasing what is not here is a no-op
 }
@@ -92,9 +100,10 @@ void WorkerService::ReleaseAll(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     host = std::move(host_);
+    CountStagesLocked();
   }
   if (host) {
-    std::cerr << "dropping job " << host->job_id() << ": " << why << std::endl;
+    LogWarning(ForJob(host->job_id()), absl::StrCat("dropping stage: ", why));
     host->Stop();
   }
 }

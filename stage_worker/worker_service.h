@@ -14,8 +14,9 @@ namespace pipemare {
 
 class WorkerService final : public v1::StageWorker::Service {
  public:
-  WorkerService(torch::Device device, std::string self_address)
-      : device_(device), self_address_(std::move(self_address)) {}
+  // `metrics` must outlive the service.
+  WorkerService(torch::Device device, std::string self_address, WorkerMetrics* metrics)
+      : device_(device), self_address_(std::move(self_address)), metrics_(metrics) {}
 
   grpc::Status LoadStage(grpc::ServerContext* context, const v1::StageAssignment* request,
                          v1::LoadStageResponse* response) override;
@@ -31,9 +32,12 @@ class WorkerService final : public v1::StageWorker::Service {
 
  private:
   std::shared_ptr<StageHost> Current(const std::string& job_id);
+  // Sets the loaded-stages gauge from host_ (mu_ held).
+  void CountStagesLocked() { metrics_->SetLoadedStages(host_ ? 1 : 0); }
 
   const torch::Device device_;
   std::string self_address_;
+  WorkerMetrics* const metrics_;
   std::mutex mu_;
   std::shared_ptr<StageHost> host_;  // GUARDED_BY(mu_)
 };

@@ -42,8 +42,18 @@ void Cluster::StartCoordinator() {
   unlink(addr_file.c_str());
   // Restarts reuse the same port so workers find the coordinator again.
   const std::string listen = address_.empty() ? "127.0.0.1:0" : address_;
-  std::vector<std::string> argv = {BinDir() + "/pipemare-coordinator", "--listen", listen,
-                                   "--address-file", addr_file};
+  const std::string metrics_file = absl::StrCat(dir_, "/coordinator.metrics");
+  unlink(metrics_file.c_str());
+  const std::string metrics_listen = metrics_address_.empty() ? "127.0.0.1:0" : metrics_address_;
+  std::vector<std::string> argv = {BinDir() + "/pipemare-coordinator",
+                                   "--listen",
+                                   listen,
+                                   "--address-file",
+                                   addr_file,
+                                   "--metrics-listen",
+                                   metrics_listen,
+                                   "--metrics-address-file",
+                                   metrics_file};
   argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
   coordinator_ = std::make_unique<Process>(
       argv, absl::StrCat(dir_, "/coordinator-", ++coordinator_starts_, ".log"));
@@ -54,13 +64,16 @@ void Cluster::StartCoordinator() {
   });
   while (!addr.empty() && (addr.back() == '\n')) addr.pop_back();
   address_ = addr;
+  metrics_address_ = ReadFile(metrics_file);  // written before the address file
+  while (!metrics_address_.empty() && metrics_address_.back() == '\n') metrics_address_.pop_back();
 }
 
 void Cluster::AddWorker() {
   const int i = static_cast<int>(workers_.size());
   workers_.push_back(std::make_unique<Process>(
       std::vector<std::string>{BinDir() + "/pipemare-worker", "--coordinator", address_, "--listen",
-                               "127.0.0.1:0", "--threads", "1", "--coordinator-timeout", "4"},
+                               "127.0.0.1:0", "--threads", "1", "--coordinator-timeout", "4",
+                               "--metrics-listen", "127.0.0.1:0"},
       absl::StrCat(dir_, "/worker-", i, ".log")));
 }
 

@@ -22,6 +22,8 @@ class Cluster {
 
   bool ok() const { return ok_; }
   const std::string& address() const { return address_; }
+  // host:port of the coordinator's /metrics (stable across restarts).
+  const std::string& metrics_address() const { return metrics_address_; }
   const std::string& dir() const { return dir_; }
 
   void StartCoordinator();
@@ -47,6 +49,7 @@ class Cluster {
  private:
   std::string dir_;
   std::string address_;
+  std::string metrics_address_;
   std::vector<std::string> coordinator_flags_;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;

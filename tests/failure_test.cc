@@ -42,6 +42,11 @@ TEST(Failure, KilledWorkerFailsTheJobAndOthersReturnToIdle) {
     return cluster.CountWorkers(v1::IDLE) == 2 && cluster.CountWorkers(v1::LOST) == 1;
   })) << cluster.Logs();
   EXPECT_TRUE(cluster.coordinator().Running());
+  // The coordinator's metrics show the loss.
+  const std::string metrics = HttpGet("http://" + cluster.metrics_address() + "/metrics");
+  EXPECT_TRUE(absl::StrContains(metrics, "pipemare_worker_heartbeat_misses_total 1\n")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "pipemare_workers{state=\"LOST\"} 1\n")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "pipemare_jobs{state=\"FAILED\"} 1\n")) << metrics;
   // Nobody is stuck: every survivor stops promptly when asked.
   for (int i = 0; i < cluster.worker_count(); ++i) {
     if (i == victim) continue;
@@ -67,8 +72,8 @@ TEST(Failure, KilledCoordinatorLeavesWorkersIdleAndTheRestartedOneReportsFailed)
   // keep running, waiting for a coordinator.
   for (int i = 0; i < 2; ++i) {
     EXPECT_TRUE(WaitFor(20, [&] {
-      return absl::StrContains(cluster.worker(i).Log(), "dropping job") ||
-             absl::StrContains(cluster.worker(i).Log(), "released job");
+      return absl::StrContains(cluster.worker(i).Log(), "dropping stage") ||
+             absl::StrContains(cluster.worker(i).Log(), "released stage");
     })) << cluster.worker(i).Log();
     EXPECT_TRUE(cluster.worker(i).Running());
   }

@@ -1,5 +1,6 @@
 #include "tests/process.h"
 
+#include <curl/curl.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -126,6 +127,27 @@ std::string MakeTempDir() {
   buf.push_back('\0');
   char* dir = mkdtemp(buf.data());
   return dir ? dir : "/tmp";
+}
+
+namespace {
+size_t AppendBody(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+}  // namespace
+
+std::string HttpGet(const std::string& url, long* code) {
+  std::string body;
+  CURL* curl = curl_easy_init();
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, AppendBody);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT, 10L);
+  long status = 0;
+  if (curl_easy_perform(curl) == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_cleanup(curl);
+  if (code) *code = status;
+  return status == 200 ? body : "";
 }
 
 }  // namespace pipemare::testing

@@ -49,6 +49,10 @@ CommandResult Run(const std::vector<std::string>& argv, double timeout_seconds =
 bool WaitFor(double seconds, const std::function<bool()>& predicate);
 
 std::string ReadFile(const std::string& path);
+
+// GET `url` (10 s timeout); returns the body, or "" with `*code` set to the
+// HTTP status (0 on a transport error).
+std::string HttpGet(const std::string& url, long* code = nullptr);
 std::string MakeTempDir();
 
 }  // namespace pipemare::testing
