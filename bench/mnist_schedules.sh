@@ -2,6 +2,7 @@
 # Convergence and speed of one spec under each schedule, side by side on one
 # local cluster (one coordinator, P workers), over several seeds.
 #   bench/mnist_schedules.sh [SPEC] [SEED...]      (default: the example, seeds 1 2 3)
+# SCHEDULES (default "pipemare gpipe pipedream async") picks the schedules.
 # Prints one Markdown row per run: schedule, seed, final test accuracy,
 # seconds per epoch, samples/s. Copy the table into docs/benchmarks.md.
 set -euo pipefail
@@ -14,19 +15,21 @@ seeds=(1 2 3)
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 stages=$(grep -oE 'stages: *[0-9]+' "$spec" | grep -oE '[0-9]+')
-"$bin/pipemare-coordinator" --listen 127.0.0.1:0 --address-file "$work/addr" 2>"$work/coord.log" &
+"$bin/pipemare-coordinator" --listen 127.0.0.1:0 --address-file "$work/addr" \
+  --metrics-listen 127.0.0.1:0 2>"$work/coord.log" &
 for _ in $(seq 50); do [ -s "$work/addr" ] && break; sleep 0.1; done
 addr=$(cat "$work/addr")
 for i in $(seq "$stages"); do
-  "$bin/pipemare-worker" --coordinator "$addr" --listen 127.0.0.1:0 --threads 1 2>"$work/w$i.log" &
+  "$bin/pipemare-worker" --coordinator "$addr" --listen 127.0.0.1:0 --threads 1 \
+    --metrics-listen 127.0.0.1:0 2>"$work/w$i.log" &
 done
 sleep 3
 cd "$root"
 echo "| schedule | seed | test accuracy | s/epoch | samples/s |"
 echo "|---|---|---|---|---|"
-for schedule in pipemare gpipe; do
+for schedule in ${SCHEDULES:-pipemare gpipe pipedream async}; do
   for seed in "${seeds[@]}"; do
-    sed -E "s/type: (pipemare|gpipe), stages/type: $schedule, stages/; s/seed: *[0-9]+/seed: $seed/" \
+    sed -E "s/type: (pipemare|gpipe|pipedream|async), stages/type: $schedule, stages/; s/seed: *[0-9]+/seed: $seed/" \
       "$spec" > "$work/spec.yaml"
     "$bin/pipemarectl" --coordinator "$addr" submit "$work/spec.yaml" --wait >/dev/null 2>&1 || true
     id=$("$bin/pipemarectl" --coordinator "$addr" list --output json |

@@ -292,7 +292,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   // schedule
   const auto& s = spec.schedule();
-  if (auto st = OneOf("schedule.type", s.type(), {"pipemare", "gpipe"}); !st.ok()) return st;
+  if (auto st = OneOf("schedule.type", s.type(), {"pipemare", "gpipe", "pipedream", "async"});
+      !st.ok())
+    return st;
   const int units = ModelUnitCount(m);
   if (s.stages() < 1) return Bad("schedule.stages", "required, an integer >= 1");
   if (s.stages() > units) {
@@ -314,11 +316,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (s.has_discrepancy_decay() && s.discrepancy_decay() >= 1) {
     return Bad("schedule.discrepancy_decay", "must be in [0, 1) (negative = T2 off)");
   }
-  if (s.type() == "gpipe" && (s.lr_anneal_steps() > 0 || s.lr_anneal_epochs() > 0 ||
-                              (s.has_discrepancy_decay() && s.discrepancy_decay() >= 0))) {
-    // Allowed but meaningless: gpipe has no delay. Keep it accepted so a user
-    // can flip schedule.type on the same file and compare.
-  }
+  // T1 and T2 fields are accepted and ignored by every schedule but
+  // pipemare, so a user can flip schedule.type on the same file and compare.
   // train
   const auto& t = spec.train();
   if (t.epochs() < 1 || t.epochs() > 100000)

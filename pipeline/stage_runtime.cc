@@ -40,9 +40,12 @@ torch::nn::AnyModule Activation(const std::string& name) {
 
 absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& type) {
   if (type == "gpipe") return ScheduleKind::kGPipe;
+  if (type == "pipedream") return ScheduleKind::kPipeDream;
+  if (type == "async") return ScheduleKind::kAsync;
   if (type == "pipemare") return ScheduleKind::kPipeMare;
-  return Bad("schedule.type",
-             absl::StrCat("'", type, "' is not allowed; allowed: pipemare, gpipe"));
+  return Bad("schedule.type", absl::StrCat("'", type,
+                                           "' is not allowed; allowed: pipemare, gpipe, "
+                                           "pipedream, async"));
 }
 
 absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int first_unit,
@@ -99,7 +102,7 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       num_stages_(a.num_stages()),
       kind_(kind),
       microbatches_per_step_(a.schedule().microbatches_per_step()),
-      tau_(kind == ScheduleKind::kPipeMare
+      tau_(IsAsynchronous(kind)
                ? AnalyticDelay(a.num_stages(), a.stage(), a.schedule().microbatches_per_step())
                : 0),
       base_lr_(a.optimizer().lr()),
@@ -145,7 +148,11 @@ void StageRuntime::UpdateMemoryLocked() {
   }
   for (const auto& kv : saved_)
     m.saved_activations += Bytes(kv.second.input) + Bytes(kv.second.targets);
+  for (const auto& kv : stash_) {
+    for (const auto& w : kv.second.weights) m.stash += Bytes(w);
+  }
   stats_.memory = m;
+  stats_.stashed_versions = static_cast<int64_t>(stash_.size());
   stats_.in_flight = static_cast<int64_t>(saved_.size());
 }
 
@@ -160,13 +167,30 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
     out = module_->forward(input.to(device_));
   });
   if (!st.ok()) return st;
-  if (train) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    saved_[microbatch] = Saved{input.to(device_), torch::Tensor(), stats_.steps};
-    ++stats_.forwards;
-    UpdateMemoryLocked();
-  }
+  if (train) Remember(microbatch, input, torch::Tensor());
   return out;
+}
+
+void StageRuntime::Remember(uint64_t microbatch, const torch::Tensor& input,
+                            const torch::Tensor& targets) {
+  // Only the compute thread changes the weights and the step count, so
+  // reading them here without stats_mu_ is safe.
+  const int64_t version = stats_.steps;
+  std::vector<torch::Tensor> weights;
+  if (kind_ == ScheduleKind::kPipeDream && !stash_.count(version)) {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : module_->parameters()) weights.push_back(p.detach().clone());
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  saved_[microbatch] =
+      Saved{input.to(device_), targets.defined() ? targets.to(device_) : targets, version};
+  if (kind_ == ScheduleKind::kPipeDream) {
+    Stash& stash = stash_[version];
+    if (stash.weights.empty()) stash.weights = std::move(weights);
+    ++stash.users;
+  }
+  ++stats_.forwards;
+  UpdateMemoryLocked();
 }
 
 absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
@@ -197,22 +221,20 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
     r.count = targets.size(0);
   });
   if (!st.ok()) return st;
-  if (train) {
-    // Saved only once the loss is known to be computable.
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    saved_[microbatch] = Saved{input.to(device_), targets.to(device_), stats_.steps};
-    ++stats_.forwards;
-    UpdateMemoryLocked();
-  }
+  if (train) Remember(microbatch, input, targets);  // once the loss is known to be computable
   return r;
 }
 
-std::vector<torch::Tensor> StageRuntime::BackwardWeights() const {
+std::vector<torch::Tensor> StageRuntime::BackwardWeights(const Saved& saved) const {
   std::vector<torch::Tensor> u;
+  if (kind_ == ScheduleKind::kPipeDream) {
+    if (saved.step == stats_.steps) return u;  // no update since the forward
+    return stash_.at(saved.step).weights;
+  }
+  if (!t2_enabled_) return u;
   auto params = module_->parameters();
   for (size_t j = 0; j < params.size(); ++j) {
-    u.push_back(t2_enabled_ ? T2BackwardWeights(params[j].detach(), velocity_[j], tau_)
-                            : params[j].detach().clone());
+    u.push_back(T2BackwardWeights(params[j].detach(), velocity_[j], tau_));
   }
   return u;
 }
@@ -227,11 +249,10 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
   if (!grad_output.defined() && !is_last()) {
     return absl::InvalidArgumentError("missing gradient on a stage that is not last");
   }
-  Saved saved = std::move(it->second);
-  {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    saved_.erase(it);
-    UpdateMemoryLocked();
+  const Saved saved = it->second;  // (tensor handles: a cheap copy)
+  if (kind_ == ScheduleKind::kPipeDream && !stash_.count(saved.step)) {
+    return absl::InternalError(absl::StrCat("stage ", stage_, ": the weight version ", saved.step,
+                                            " of microbatch ", microbatch, " was not stashed"));
   }
   torch::Tensor grad_input;
   double correction_sq = 0;
@@ -247,11 +268,11 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
         for (size_t j = 0; j < w_t.size(); ++j) params[j].copy_(w_t[j]);
       }
     } restore{params, w_t};
-    if (t2_enabled_) {
+    auto u = BackwardWeights(saved);
+    if (!u.empty()) {
       // Differentiate at u_bkwd, then restore w_t. Never in place under a
       // live graph: the recompute below builds its graph after the swap.
       torch::NoGradGuard no_grad;
-      auto u = BackwardWeights();
       for (size_t j = 0; j < params.size(); ++j) {
         w_t.push_back(params[j].detach().clone());
         correction_sq += (u[j] - w_t[j]).pow(2).sum().item<double>();
@@ -274,9 +295,17 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
     }
     if (!is_first()) grad_input = x.grad();
   });
-  if (!st.ok()) return st;
+  if (!st.ok()) return st;  // saved_ keeps the microbatch: the stage fails anyway
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
+    saved_.erase(microbatch);
+    if (kind_ == ScheduleKind::kPipeDream && --stash_[saved.step].users == 0) {
+      stash_.erase(saved.step);
+    }
+    stats_.last_backward_version =
+        kind_ == ScheduleKind::kPipeDream || kind_ == ScheduleKind::kGPipe ? saved.step
+                                                                           : stats_.steps;
+    UpdateMemoryLocked();
     delay_sum_ += static_cast<double>(stats_.steps - saved.step);
     ++stats_.backwards;
     stats_.t2_correction_norm = std::sqrt(correction_sq);

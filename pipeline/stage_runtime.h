@@ -4,9 +4,14 @@
 // they return.
 //
 // Update rules by schedule (see docs/algorithm.md):
-//   gpipe:    backward at the current weights (== forward weights: τ = 0).
-//   pipemare: backward at T2's u_bkwd = w_t - τ_i δ_t (at w_t when T2 is off);
-//             step size by T1; one optimizer step every N backwards.
+//   gpipe:     backward at the current weights (== forward weights: τ = 0).
+//   pipedream: backward at the weights its forward used, stashed at forward
+//              time (one copy per weight version still in flight).
+//   async:     backward at the current weights w_t (the naive baseline).
+//   pipemare:  backward at T2's u_bkwd = w_t - τ_i δ_t (at w_t when T2 is
+//              off); step size by T1.
+// All: one optimizer step every N backwards; the three asynchronous ones
+// have the analytic delay τ_i = ceil((P-1-i)/N).
 // Backward recomputes the stage forward from the saved stage input at the
 // backward weights, so autograd never holds a graph across an update.
 //
@@ -27,10 +32,14 @@
 
 namespace pipemare {
 
-enum class ScheduleKind { kGPipe, kPipeMare };
+enum class ScheduleKind { kGPipe, kPipeDream, kAsync, kPipeMare };
 
-// "gpipe" | "pipemare" -> kind; INVALID_ARGUMENT otherwise.
+// "gpipe" | "pipedream" | "async" | "pipemare" -> kind; INVALID_ARGUMENT
+// naming schedule.type otherwise.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& type);
+
+// Every schedule but gpipe: 1F1B, updates as soon as N backwards are done.
+inline bool IsAsynchronous(ScheduleKind kind) { return kind != ScheduleKind::kGPipe; }
 
 // Builds units [first_unit, first_unit + units) of `model`. Unit u's weights
 // are drawn from a generator seeded with (seed, u), so a model's initial
@@ -43,7 +52,7 @@ struct StageMemory {
   int64_t weights = 0;
   int64_t optimizer_state = 0;    // e.g. SGD momentum buffers
   int64_t t2_velocity = 0;        // T2's δ
-  int64_t stash = 0;              // stashed weight versions (none yet)
+  int64_t stash = 0;              // stashed weight versions (pipedream)
   int64_t saved_activations = 0;  // stage inputs (and targets) kept for backwards
 };
 
@@ -58,6 +67,11 @@ struct StageStats {
   int64_t in_flight = 0;          // forwards whose backward has not run
   double t2_correction_norm = 0;  // ||u_bkwd - w_t||_2 at the last backward
   double last_step_seconds = 0;   // duration of the last optimizer step
+  // Weight version (optimizer steps applied) the last backward differentiated
+  // at: its forward's version under gpipe and pipedream, the current one
+  // under async and pipemare (T2 extrapolates from it); -1 before any.
+  int64_t last_backward_version = -1;
+  int64_t stashed_versions = 0;  // weight versions held in the stash
   StageMemory memory;
 };
 
@@ -119,8 +133,19 @@ class StageRuntime {
     int64_t step = 0;       // optimizer steps applied when the forward ran
   };
 
-  // The weights the backward differentiates at (T2's u_bkwd, or w_t).
-  std::vector<torch::Tensor> BackwardWeights() const;
+  // A stashed weight version (pipedream) and the in-flight microbatches
+  // whose backward still needs it.
+  struct Stash {
+    std::vector<torch::Tensor> weights;
+    int users = 0;
+  };
+
+  // Saves what the backward of a training forward needs: the stage input,
+  // the targets (last stage) and, under pipedream, the weight version.
+  void Remember(uint64_t microbatch, const torch::Tensor& input, const torch::Tensor& targets);
+  // The weights the backward of `saved` differentiates at, or empty for the
+  // current ones: T2's u_bkwd (pipemare), the stashed version (pipedream).
+  std::vector<torch::Tensor> BackwardWeights(const Saved& saved) const;
   void Step();
 
   const int stage_;
@@ -139,6 +164,7 @@ class StageRuntime {
   std::unique_ptr<torch::optim::SGD> optimizer_;
   std::vector<torch::Tensor> velocity_;  // T2's δ, one per parameter
   std::map<uint64_t, Saved> saved_;
+  std::map<int64_t, Stash> stash_;  // by weight version; pipedream only
   int backwards_since_step_ = 0;
 
   // Recomputes stats_.memory (stats_mu_ held).

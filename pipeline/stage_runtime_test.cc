@@ -739,3 +739,124 @@ TEST(StageRuntimeMemoryTest, CountsTheTensorsTheStageHolds) {
 
 }  // namespace
 }  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+// Stage 1 of 4 (one unit, Linear(3,3)+tanh), τ_1 = 2: microbatches 1 and 2
+// are forwarded at weight version 0; the backward of 1 steps to version 1;
+// 3 is forwarded at version 1; then the backward of 2 runs.
+struct Interleaved {
+  std::unique_ptr<StageRuntime> rt;
+  std::vector<torch::Tensor> w0, w1, w2;  // weights at versions 0, 1, 2
+  torch::Tensor grad_input_2;             // dL/dx of microbatch 2
+  StageStats after_forward_3, after_backward_2;
+};
+
+std::vector<torch::Tensor> Snapshot(const StageRuntime& rt) {
+  std::vector<torch::Tensor> w;
+  for (const auto& p : rt.Parameters()) w.push_back(p.detach().clone());
+  return w;
+}
+
+Interleaved RunInterleaved(const std::string& schedule) {
+  Interleaved r;
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2}, "tanh");
+  r.rt = MustCreate(Assignment(schedule, 1, 4, 1, 1, model, 0.5));
+  if (!r.rt) return r;
+  EXPECT_EQ(r.rt->Stats().analytic_delay, 2);
+  r.w0 = Snapshot(*r.rt);
+  EXPECT_TRUE(r.rt->Forward(1, Inputs(1, 3), true).ok());
+  EXPECT_TRUE(r.rt->Forward(2, Inputs(2, 3), true).ok());
+  EXPECT_TRUE(r.rt->Backward(1, Inputs(11, 3)).ok());
+  r.w1 = Snapshot(*r.rt);
+  EXPECT_TRUE(r.rt->Forward(3, Inputs(3, 3), true).ok());
+  r.after_forward_3 = r.rt->Stats();
+  auto g = r.rt->Backward(2, Inputs(12, 3));
+  EXPECT_TRUE(g.ok()) << g.status();
+  if (g.ok()) r.grad_input_2 = *g;
+  r.w2 = Snapshot(*r.rt);
+  r.after_backward_2 = r.rt->Stats();
+  return r;
+}
+
+// The reference: microbatch 2 alone, forward and backward at version 0.
+Interleaved RunAloneAtVersion0() {
+  Interleaved r;
+  r.rt = MustCreate(Assignment("gpipe", 1, 4, 1, 1, Mlp({4, 3, 3, 3, 2}, "tanh"), 0.5));
+  r.w0 = Snapshot(*r.rt);
+  EXPECT_TRUE(r.rt->Forward(2, Inputs(2, 3), true).ok());
+  auto g = r.rt->Backward(2, Inputs(12, 3));
+  EXPECT_TRUE(g.ok());
+  if (g.ok()) r.grad_input_2 = *g;
+  r.w1 = Snapshot(*r.rt);
+  return r;
+}
+
+TEST(StageRuntimePipeDreamTest, BackwardUsesTheWeightsItsForwardUsed) {
+  Interleaved pd = RunInterleaved("pipedream");
+  Interleaved ref = RunAloneAtVersion0();
+  ASSERT_TRUE(pd.rt && ref.rt);
+  // Versions: microbatch 2 was forwarded at 0 and differentiated at 0.
+  EXPECT_EQ(pd.after_backward_2.last_backward_version, 0);
+  EXPECT_EQ(pd.after_backward_2.steps, 2);
+  // Its input gradient is the one at version 0 ...
+  EXPECT_TRUE(torch::allclose(pd.grad_input_2, ref.grad_input_2, 1e-6, 1e-7));
+  // ... and so is the update it applied: w2 - w1 == (w0 - lr g_2(w0)) - w0.
+  for (size_t j = 0; j < pd.w2.size(); ++j) {
+    EXPECT_TRUE(torch::allclose(pd.w2[j] - pd.w1[j], ref.w1[j] - ref.w0[j], 1e-6, 1e-7)) << j;
+  }
+  // The backward restored the current weights before stepping from them.
+  EXPECT_FALSE(torch::allclose(pd.w1[0], pd.w0[0]));
+}
+
+TEST(StageRuntimePipeDreamTest, StashHoldsOneCopyPerVersionInFlight) {
+  Interleaved pd = RunInterleaved("pipedream");
+  ASSERT_TRUE(pd.rt);
+  const int64_t weights = (9 + 3) * 4;  // Linear(3,3), float32
+  // After forward 3: microbatch 2 needs version 0, microbatch 3 version 1.
+  EXPECT_EQ(pd.after_forward_3.stashed_versions, 2);
+  EXPECT_EQ(pd.after_forward_3.memory.stash, 2 * weights);
+  EXPECT_EQ(pd.after_backward_2.stashed_versions, 1);
+  EXPECT_EQ(pd.after_backward_2.memory.stash, weights);
+  ASSERT_TRUE(pd.rt->Backward(3, Inputs(13, 3)).ok());
+  EXPECT_EQ(pd.rt->Stats().stashed_versions, 0);
+  EXPECT_EQ(pd.rt->Stats().memory.stash, 0);
+  EXPECT_EQ(pd.rt->Stats().memory.t2_velocity, 0);
+}
+
+TEST(StageRuntimeAsyncTest, BackwardUsesTheCurrentWeightsAndStashesNothing) {
+  Interleaved as = RunInterleaved("async");
+  Interleaved ref = RunAloneAtVersion0();
+  ASSERT_TRUE(as.rt && ref.rt);
+  EXPECT_EQ(as.after_backward_2.last_backward_version, 1);  // forwarded at 0
+  EXPECT_EQ(as.after_forward_3.memory.stash, 0);
+  EXPECT_EQ(as.after_forward_3.memory.t2_velocity, 0);
+  EXPECT_FALSE(torch::allclose(as.grad_input_2, ref.grad_input_2, 1e-6, 1e-7))
+      << "the naive schedule differentiates at the newer weights";
+  // Its update is the gradient at version 1, on the same saved input.
+  auto at_w1 = MustCreate(Assignment("gpipe", 1, 4, 1, 1, Mlp({4, 3, 3, 3, 2}, "tanh"), 0.5));
+  ASSERT_NE(at_w1, nullptr);
+  {
+    torch::NoGradGuard no_grad;
+    auto params = at_w1->Parameters();
+    for (size_t j = 0; j < params.size(); ++j) params[j].copy_(as.w1[j]);
+  }
+  ASSERT_TRUE(at_w1->Forward(2, Inputs(2, 3), true).ok());
+  auto g = at_w1->Backward(2, Inputs(12, 3));
+  ASSERT_TRUE(g.ok());
+  EXPECT_TRUE(torch::allclose(as.grad_input_2, *g, 1e-6, 1e-7));
+  EXPECT_TRUE(torch::allclose(as.w2[0], at_w1->Parameters()[0], 1e-6, 1e-7));
+}
+
+TEST(ParseScheduleKindTest, AllFourSchedules) {
+  EXPECT_EQ(*ParseScheduleKind("pipedream"), ScheduleKind::kPipeDream);
+  EXPECT_EQ(*ParseScheduleKind("async"), ScheduleKind::kAsync);
+  EXPECT_FALSE(IsAsynchronous(ScheduleKind::kGPipe));
+  for (auto k : {ScheduleKind::kPipeDream, ScheduleKind::kAsync, ScheduleKind::kPipeMare}) {
+    EXPECT_TRUE(IsAsynchronous(k));
+  }
+}
+
+}  // namespace
+}  // namespace pipemare

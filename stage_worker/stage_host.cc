@@ -335,7 +335,7 @@ absl::Status StageHost::HandleActivation(const Event& event) {
   msg.mutable_result()->set_count(result->count);
   if (auto st = Send(Side::kTargets, msg); !st.ok()) return st;
   if (!train) return absl::OkStatus();
-  if (runtime_->schedule() == ScheduleKind::kPipeMare) {
+  if (IsAsynchronous(runtime_->schedule())) {
     return BackwardAndSendUp(event.microbatch, torch::Tensor());
   }
   // gpipe: all N forwards of the step, then the N backwards.

@@ -85,10 +85,12 @@ WorkerMetrics::WorkerMetrics(const std::string& device)
                          .Name("pipemare_stage_learning_rate")
                          .Help("Step size of the last optimizer step, after T1")
                          .Register(*registry_)),
-      t2_correction_(BuildGauge()
-                         .Name("pipemare_stage_t2_correction_norm")
-                         .Help("L2 norm of u_bkwd - w at the last backward (T2's correction)")
-                         .Register(*registry_)),
+      t2_correction_(
+          BuildGauge()
+              .Name("pipemare_stage_t2_correction_norm")
+              .Help("L2 norm of the backward weights minus the current ones at the last backward "
+                    "(T2's correction; the stash's age under pipedream)")
+              .Register(*registry_)),
       memory_(BuildGauge()
                   .Name("pipemare_stage_memory_bytes")
                   .Help("Bytes the stage holds, by kind")

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "tests/cluster.h"
 
 namespace pipemare::testing {
@@ -70,6 +71,28 @@ TEST(EndToEnd, GPipeTrainsWithZeroDelay) {
   ASSERT_EQ(job.stages_size(), 2);
   for (const auto& s : job.stages()) EXPECT_EQ(s.measured_delay(), 0) << "synchronous: τ = 0";
   EXPECT_GE(job.metrics().test_accuracy(), 0.85);
+}
+
+TEST(EndToEnd, PipeDreamAndAsyncTrainWithTheAnalyticDelay) {
+  Cluster cluster(3);
+  ASSERT_TRUE(cluster.ok());
+  int n = 0;
+  for (const std::string schedule : {"pipedream", "async"}) {
+    const std::string id = absl::StrCat("job-", ++n);
+    const std::string spec =
+        cluster.WriteSpec(schedule, ShortSpec("e2e-" + schedule, schedule, 3, 12800));
+    auto submit = cluster.Ctl({"submit", spec, "--wait"}, 300);
+    ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+    v1::JobStatus job = cluster.Status(id);
+    EXPECT_EQ(job.state(), v1::SUCCEEDED);
+    EXPECT_EQ(job.schedule(), schedule);
+    ASSERT_EQ(job.stages_size(), 3);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(job.stages(i).analytic_delay(), 2 - i) << schedule;
+      EXPECT_NEAR(job.stages(i).measured_delay(), 2 - i, 0.05) << schedule << " stage " << i;
+    }
+    EXPECT_GE(job.metrics().test_accuracy(), 0.85) << schedule;
+  }
 }
 
 TEST(EndToEnd, SecondJobWaitsInPendingThenRuns) {
