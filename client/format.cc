@@ -169,6 +169,18 @@ std::string FormatDuration(double seconds) {
   return Format("%lld:%02lld", minutes, secs);
 }
 
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < 1024) return Format("%lld B", static_cast<long long>(bytes));
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes) / 1024;
+  int u = 0;
+  while (value >= 1024 && u < 3) {
+    value /= 1024;
+    ++u;
+  }
+  return Format(value < 10 ? "%.2f %s" : "%.1f %s", value, units[u]);
+}
+
 std::string Truncate(const std::string& text, size_t width) {
   if (text.size() <= width) return text;
   if (width <= 3) return text.substr(0, width);
@@ -242,17 +254,27 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
   std::string out = summary.Render();
 
   if (job.stages_size() > 0) {
-    TextTable stages(
-        {"STAGE", "WORKER", "ADDRESS", "UNITS", "PARAMS", "TAU", "MEASURED-TAU", "LR"});
-    for (int c : {0, 4, 5, 6, 7}) stages.AlignRight(c);
+    // Memory at its peak: weights + optimizer state + T2 velocity + stash
+    // (the paper's measure), and the saved stage inputs.
+    TextTable stages({"STAGE", "WORKER", "ADDRESS", "UNITS", "PARAMS", "TAU", "MEASURED-TAU", "LR",
+                      "WEIGHTS+OPT", "ACTIVATIONS"});
+    for (int c : {0, 4, 5, 6, 7, 8, 9}) stages.AlignRight(c);
+    int64_t total = 0;
     for (const auto& stage : job.stages()) {
+      const auto& peak = stage.peak_memory();
+      const int64_t weights_and_optimizer =
+          peak.weights() + peak.optimizer_state() + peak.t2_velocity() + peak.stash();
+      total += weights_and_optimizer;
       stages.AddRow({Format("%d", stage.index()), OrDash(stage.worker_id()),
                      OrDash(stage.worker_address()), UnitsCell(stage),
                      Format("%lld", static_cast<long long>(stage.parameters())),
                      Format("%d", stage.analytic_delay()), Format("%.2f", stage.measured_delay()),
-                     Format("%.6g", stage.learning_rate())});
+                     Format("%.6g", stage.learning_rate()), FormatBytes(weights_and_optimizer),
+                     FormatBytes(peak.saved_activations())});
     }
     out += "\n" + stages.Render();
+    out += Format("peak weights + optimizer state + stash, all stages: %s\n",
+                  FormatBytes(total).c_str());
   }
 
   std::string epochs = RenderEpochTable(job);

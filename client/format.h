@@ -42,6 +42,9 @@ std::string Format(const char* format, ...) __attribute__((format(printf, 1, 2))
 // "0:42", "12:05", "1:02:03". Negative values render as "-".
 std::string FormatDuration(double seconds);
 
+// Bytes in binary units: "512 B", "1.5 KiB", "12.0 MiB", "3.25 GiB".
+std::string FormatBytes(int64_t bytes);
+
 // `text` cut to `width` characters, ending in "..." when cut.
 std::string Truncate(const std::string& text, size_t width);
 

@@ -361,6 +361,8 @@ void JobRunner::Impl::PollStages() {
                  [&](v1::JobStatus& s) {
                    s.mutable_stages(i)->set_measured_delay(resp.measured_delay());
                    s.mutable_stages(i)->set_learning_rate(resp.learning_rate());
+                   *s.mutable_stages(i)->mutable_memory() = resp.memory();
+                   *s.mutable_stages(i)->mutable_peak_memory() = resp.peak_memory();
                  })
         .IgnoreError();
   }

@@ -1,5 +1,6 @@
 #include "pipeline/stage_runtime.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -112,6 +113,7 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       t2_enabled_(kind == ScheduleKind::kPipeMare && a.schedule().has_discrepancy_decay() &&
                   a.schedule().discrepancy_decay() >= 0 && tau_ >= 1),
       t2_gamma_(T2Gamma(a.schedule().discrepancy_decay(), tau_)),
+      stashing_(kind == ScheduleKind::kPipeDream && tau_ > 0),
       device_(device),
       module_(std::move(module)) {
   const auto& o = a.optimizer();
@@ -152,6 +154,12 @@ void StageRuntime::UpdateMemoryLocked() {
     for (const auto& w : kv.second.weights) m.stash += Bytes(w);
   }
   stats_.memory = m;
+  StageMemory& peak = stats_.peak_memory;
+  peak.weights = std::max(peak.weights, m.weights);
+  peak.optimizer_state = std::max(peak.optimizer_state, m.optimizer_state);
+  peak.t2_velocity = std::max(peak.t2_velocity, m.t2_velocity);
+  peak.stash = std::max(peak.stash, m.stash);
+  peak.saved_activations = std::max(peak.saved_activations, m.saved_activations);
   stats_.stashed_versions = static_cast<int64_t>(stash_.size());
   stats_.in_flight = static_cast<int64_t>(saved_.size());
 }
@@ -177,14 +185,14 @@ void StageRuntime::Remember(uint64_t microbatch, const torch::Tensor& input,
   // reading them here without stats_mu_ is safe.
   const int64_t version = stats_.steps;
   std::vector<torch::Tensor> weights;
-  if (kind_ == ScheduleKind::kPipeDream && !stash_.count(version)) {
+  if (stashing_ && !stash_.count(version)) {
     torch::NoGradGuard no_grad;
     for (const auto& p : module_->parameters()) weights.push_back(p.detach().clone());
   }
   std::lock_guard<std::mutex> lock(stats_mu_);
   saved_[microbatch] =
       Saved{input.to(device_), targets.defined() ? targets.to(device_) : targets, version};
-  if (kind_ == ScheduleKind::kPipeDream) {
+  if (stashing_) {
     Stash& stash = stash_[version];
     if (stash.weights.empty()) stash.weights = std::move(weights);
     ++stash.users;
@@ -227,7 +235,7 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
 
 std::vector<torch::Tensor> StageRuntime::BackwardWeights(const Saved& saved) const {
   std::vector<torch::Tensor> u;
-  if (kind_ == ScheduleKind::kPipeDream) {
+  if (stashing_) {
     if (saved.step == stats_.steps) return u;  // no update since the forward
     return stash_.at(saved.step).weights;
   }
@@ -250,7 +258,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
     return absl::InvalidArgumentError("missing gradient on a stage that is not last");
   }
   const Saved saved = it->second;  // (tensor handles: a cheap copy)
-  if (kind_ == ScheduleKind::kPipeDream && !stash_.count(saved.step)) {
+  if (stashing_ && !stash_.count(saved.step)) {
     return absl::InternalError(absl::StrCat("stage ", stage_, ": the weight version ", saved.step,
                                             " of microbatch ", microbatch, " was not stashed"));
   }
@@ -299,7 +307,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     saved_.erase(microbatch);
-    if (kind_ == ScheduleKind::kPipeDream && --stash_[saved.step].users == 0) {
+    if (stashing_ && --stash_[saved.step].users == 0) {
       stash_.erase(saved.step);
     }
     stats_.last_backward_version =

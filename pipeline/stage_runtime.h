@@ -54,6 +54,10 @@ struct StageMemory {
   int64_t t2_velocity = 0;        // T2's δ
   int64_t stash = 0;              // stashed weight versions (pipedream)
   int64_t saved_activations = 0;  // stage inputs (and targets) kept for backwards
+
+  // Weights, optimizer state, T2 velocity and stash: the paper's memory
+  // measure (activations not counted).
+  int64_t WeightsAndOptimizer() const { return weights + optimizer_state + t2_velocity + stash; }
 };
 
 struct StageStats {
@@ -73,6 +77,7 @@ struct StageStats {
   int64_t last_backward_version = -1;
   int64_t stashed_versions = 0;  // weight versions held in the stash
   StageMemory memory;
+  StageMemory peak_memory;  // the most of each kind held at any time
 };
 
 struct LossResult {
@@ -159,6 +164,9 @@ class StageRuntime {
   const int64_t lr_anneal_steps_;  // T1's K; 0 = off
   const bool t2_enabled_;
   const double t2_gamma_;
+  // pipedream with τ_i > 0 (the last stage's backward follows its forward
+  // before any update, so it needs no stash).
+  const bool stashing_;
   const torch::Device device_;
   torch::nn::Sequential module_;
   std::unique_ptr<torch::optim::SGD> optimizer_;

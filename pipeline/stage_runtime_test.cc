@@ -822,6 +822,7 @@ TEST(StageRuntimePipeDreamTest, StashHoldsOneCopyPerVersionInFlight) {
   ASSERT_TRUE(pd.rt->Backward(3, Inputs(13, 3)).ok());
   EXPECT_EQ(pd.rt->Stats().stashed_versions, 0);
   EXPECT_EQ(pd.rt->Stats().memory.stash, 0);
+  EXPECT_EQ(pd.rt->Stats().peak_memory.stash, 2 * weights) << "the peak stays";
   EXPECT_EQ(pd.rt->Stats().memory.t2_velocity, 0);
 }
 

@@ -434,6 +434,15 @@ v1::StageStatusResponse StageHost::Status() const {
   r.set_backwards(s.backwards);
   r.set_measured_delay(s.measured_delay);
   r.set_learning_rate(s.learning_rate);
+  auto to_proto = [](const StageMemory& m, v1::StageMemory* out) {
+    out->set_weights(m.weights);
+    out->set_optimizer_state(m.optimizer_state);
+    out->set_t2_velocity(m.t2_velocity);
+    out->set_stash(m.stash);
+    out->set_saved_activations(m.saved_activations);
+  };
+  to_proto(s.memory, r.mutable_memory());
+  to_proto(s.peak_memory, r.mutable_peak_memory());
   std::lock_guard<std::mutex> lock(mu_);
   r.set_error(error_);
   return r;

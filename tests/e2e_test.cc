@@ -90,6 +90,19 @@ TEST(EndToEnd, PipeDreamAndAsyncTrainWithTheAnalyticDelay) {
     for (int i = 0; i < 3; ++i) {
       EXPECT_EQ(job.stages(i).analytic_delay(), 2 - i) << schedule;
       EXPECT_NEAR(job.stages(i).measured_delay(), 2 - i, 0.05) << schedule << " stage " << i;
+      // Memory read off the tensors: weights and saved inputs everywhere; a
+      // stash (one copy per version in flight, up to τ_i + 1) only under
+      // pipedream, and not on the last stage (τ = 0).
+      const auto& peak = job.stages(i).peak_memory();
+      EXPECT_EQ(peak.weights(), job.stages(i).parameters() * 4) << schedule << " stage " << i;
+      EXPECT_GT(peak.saved_activations(), 0) << schedule << " stage " << i;
+      EXPECT_EQ(peak.t2_velocity(), 0) << schedule;
+      if (schedule == "pipedream" && i < 2) {
+        EXPECT_GE(peak.stash(), peak.weights()) << "stage " << i;
+        EXPECT_LE(peak.stash(), (2 - i + 1) * peak.weights()) << "stage " << i;
+      } else {
+        EXPECT_EQ(peak.stash(), 0);
+      }
     }
     EXPECT_GE(job.metrics().test_accuracy(), 0.85) << schedule;
   }
