@@ -234,7 +234,16 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
   summary.AddRow({"NAME", job.name()});
   summary.AddRow({"STATE", StateName(job.state())});
   summary.AddRow({"REASON", OrDash(job.reason())});
-  summary.AddRow({"SCHEDULE", OrDash(job.schedule())});
+  std::string schedule = OrDash(job.schedule());
+  const auto& spec_schedule = job.spec().schedule();
+  if (spec_schedule.type() != "gpipe" &&
+      (spec_schedule.warmup_steps() > 0 || spec_schedule.warmup_epochs() > 0)) {
+    const int64_t switched = job.stages_size() ? job.stages(0).async_from_step() : -1;
+    schedule += switched >= 0 ? Format(" (synchronous warm-up, asynchronous from step %lld)",
+                                       static_cast<long long>(switched))
+                              : " (synchronous warm-up)";
+  }
+  summary.AddRow({"SCHEDULE", schedule});
   std::string progress_text = Format("epoch %d/%d, step %lld/%lld", progress.epoch(),
                                      progress.epochs(), static_cast<long long>(progress.step()),
                                      static_cast<long long>(progress.total_steps()));

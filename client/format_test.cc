@@ -39,5 +39,17 @@ TEST(RenderJobStatus, ShowsPeakMemoryPerStageAndTheTotal) {
   EXPECT_TRUE(absl::StrContains(out, "all stages: 6.00 MiB")) << out;
 }
 
+TEST(RenderJobStatus, ShowsTheWarmupSwitch) {
+  v1::JobStatus job;
+  job.set_schedule("pipemare");
+  job.mutable_spec()->mutable_schedule()->set_type("pipemare");
+  job.mutable_spec()->mutable_schedule()->set_warmup_steps(100);
+  job.add_stages()->set_async_from_step(-1);
+  EXPECT_TRUE(absl::StrContains(RenderJobStatus(job), "pipemare (synchronous warm-up)"));
+  job.mutable_stages(0)->set_async_from_step(100);
+  EXPECT_TRUE(absl::StrContains(RenderJobStatus(job),
+                                "pipemare (synchronous warm-up, asynchronous from step 100)"));
+}
+
 }  // namespace
 }  // namespace pipemare::client

@@ -58,7 +58,8 @@ class JobRunner::Impl {
     std::mutex write_mu;
   };
 
-  absl::Status LoadStages(const std::vector<StageRange>& ranges, int64_t anneal_steps);
+  absl::Status LoadStages(const std::vector<StageRange>& ranges, int64_t anneal_steps,
+                          int64_t warmup_steps);
   absl::Status OpenFeed(Feed& feed, int stage, v1::StreamOpen::Role role);
   void ReadFeed(Feed* feed, const std::string& what);
   void CloseFeeds();
@@ -116,7 +117,7 @@ absl::Status JobRunner::Run() {
 }
 
 absl::Status JobRunner::Impl::LoadStages(const std::vector<StageRange>& ranges,
-                                         int64_t anneal_steps) {
+                                         int64_t anneal_steps, int64_t warmup_steps) {
   for (int i = 0; i < P_; ++i) {
     stubs_.push_back(v1::StageWorker::NewStub(MakeChannel(r_.workers_[i].address())));
   }
@@ -133,6 +134,7 @@ absl::Status JobRunner::Impl::LoadStages(const std::vector<StageRange>& ranges,
     *a.mutable_schedule() = spec_.schedule();
     a.set_seed(spec_.train().seed());
     a.set_lr_anneal_steps(anneal_steps);
+    a.set_warmup_steps(warmup_steps);
     a.set_total_steps(total_steps_);
     if (i + 1 < P_) a.set_downstream_address(r_.workers_[i + 1].address());
     v1::LoadStageResponse resp;
@@ -363,6 +365,7 @@ void JobRunner::Impl::PollStages() {
                    s.mutable_stages(i)->set_learning_rate(resp.learning_rate());
                    *s.mutable_stages(i)->mutable_memory() = resp.memory();
                    *s.mutable_stages(i)->mutable_peak_memory() = resp.peak_memory();
+                   s.mutable_stages(i)->set_async_from_step(resp.async_from_step());
                  })
         .IgnoreError();
   }
@@ -407,7 +410,13 @@ absl::Status JobRunner::Impl::Run() {
           ? sched.lr_anneal_steps()
           : static_cast<int64_t>(std::llround(sched.lr_anneal_epochs() * steps_per_epoch_));
 
-  absl::Status st = LoadStages(*ranges, anneal_steps);
+  // T3: synchronous for the first W steps (asynchronous schedules only).
+  const int64_t warmup_steps =
+      sched.type() == "gpipe" ? 0
+      : sched.warmup_steps() > 0
+          ? sched.warmup_steps()
+          : static_cast<int64_t>(std::llround(sched.warmup_epochs() * steps_per_epoch_));
+  absl::Status st = LoadStages(*ranges, anneal_steps, warmup_steps);
   if (st.ok()) st = OpenFeed(target_feed_, P_ - 1, v1::StreamOpen::TARGET_FEED);
   if (st.ok()) st = OpenFeed(input_feed_, 0, v1::StreamOpen::INPUT_FEED);
   if (!st.ok()) {
@@ -415,10 +424,9 @@ absl::Status JobRunner::Impl::Run() {
     ReleaseStages();
     return st;
   }
-  // Asynchronous 1F1B keeps P microbatches in flight; gpipe sends N and
-  // waits for all N backwards (the flush) before the next step.
-  const bool sync = sched.type() == "gpipe";
-  const int64_t window = sync ? N : P_;
+  // Asynchronous 1F1B keeps P microbatches in flight; gpipe (and a warm-up)
+  // sends N and waits for all N backwards (the flush) before the next step.
+  const bool gpipe = sched.type() == "gpipe";
   const int64_t eval_mbs = std::max<int64_t>(mbs, 256);
   uint64_t next_id = 1;
   Publish(true);
@@ -435,6 +443,14 @@ absl::Status JobRunner::Impl::Run() {
     const auto epoch_start = epoch_train_start_;
     const int64_t microbatches = steps_per_epoch_ * N;
     for (int64_t j = 0; j < microbatches && st.ok(); ++j) {
+      const int64_t step = (epoch_ - 1) * steps_per_epoch_ + j / N;
+      const bool sync = gpipe || step < warmup_steps;
+      if (!gpipe && warmup_steps > 0 && step == warmup_steps && j % N == 0) {
+        LogInfo(ForJob(r_.job_id_),
+                absl::StrCat("synchronous warm-up done after ", warmup_steps,
+                             " steps; switching to asynchronous ", sched.type()));
+      }
+      const int64_t window = sync ? N : P_;
       st = WaitUntil([&] { return in_flight_ < window; });
       // The epoch's last microbatch flushes the pipeline (1F1B cool-down).
       if (st.ok()) {

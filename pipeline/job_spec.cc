@@ -313,6 +313,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Bad("schedule.lr_anneal_epochs",
                "give either lr_anneal_steps or lr_anneal_epochs, not both");
   }
+  if (s.warmup_steps() < 0) return Bad("schedule.warmup_steps", "must be >= 0 (0 = no warm-up)");
+  if (s.warmup_epochs() < 0) return Bad("schedule.warmup_epochs", "must be >= 0");
+  if (s.warmup_steps() > 0 && s.warmup_epochs() > 0) {
+    return Bad("schedule.warmup_epochs", "give either warmup_steps or warmup_epochs, not both");
+  }
   if (s.has_discrepancy_decay() && s.discrepancy_decay() >= 1) {
     return Bad("schedule.discrepancy_decay", "must be in [0, 1) (negative = T2 off)");
   }

@@ -492,6 +492,21 @@ TEST(JobSpecValidateTest, NegativeAnneal) {
                 "schedule.lr_anneal_epochs", ">= 0");
 }
 
+TEST(JobSpecValidateTest, WarmupStepsOrEpochsNonNegativeNotBoth) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_warmup_steps(-1); }),
+                "schedule.warmup_steps", ">= 0");
+  ExpectInvalid(
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_warmup_epochs(-0.5); }),
+      "schedule.warmup_epochs", ">= 0");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_warmup_steps(10);
+                  s.mutable_schedule()->set_warmup_epochs(1);
+                }),
+                "schedule.warmup_epochs", "not both");
+  EXPECT_TRUE(
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_warmup_epochs(0.5); }).ok());
+}
+
 TEST(JobSpecValidateTest, MicrobatchRanges) {
   ExpectInvalid(
       ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_microbatch_size(65537); }),

@@ -110,6 +110,7 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       cosine_(a.optimizer().lr_schedule() == "cosine"),
       total_steps_(a.total_steps()),
       lr_anneal_steps_(kind == ScheduleKind::kPipeMare ? a.lr_anneal_steps() : 0),
+      warmup_steps_(IsAsynchronous(kind) ? std::max<int64_t>(a.warmup_steps(), 0) : 0),
       t2_enabled_(kind == ScheduleKind::kPipeMare && a.schedule().has_discrepancy_decay() &&
                   a.schedule().discrepancy_decay() >= 0 && tau_ >= 1),
       t2_gamma_(T2Gamma(a.schedule().discrepancy_decay(), tau_)),
@@ -129,7 +130,8 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
   }
   stats_.parameters = params;
   stats_.analytic_delay = tau_;
-  stats_.learning_rate = T1LearningRate(base_lr_, 0, lr_anneal_steps_, tau_);
+  stats_.learning_rate =
+      warmup_steps_ > 0 ? base_lr_ : T1LearningRate(base_lr_, 0, lr_anneal_steps_, tau_);
   UpdateMemoryLocked();
 }
 
@@ -239,7 +241,7 @@ std::vector<torch::Tensor> StageRuntime::BackwardWeights(const Saved& saved) con
     if (saved.step == stats_.steps) return u;  // no update since the forward
     return stash_.at(saved.step).weights;
   }
-  if (!t2_enabled_) return u;
+  if (!t2_enabled_ || stats_.steps < warmup_steps_) return u;
   auto params = module_->parameters();
   for (size_t j = 0; j < params.size(); ++j) {
     u.push_back(T2BackwardWeights(params[j].detach(), velocity_[j], tau_));
@@ -315,9 +317,10 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
                                                                            : stats_.steps;
     UpdateMemoryLocked();
     delay_sum_ += static_cast<double>(stats_.steps - saved.step);
+    ++delay_count_;
     ++stats_.backwards;
     stats_.t2_correction_norm = std::sqrt(correction_sq);
-    stats_.measured_delay = delay_sum_ / static_cast<double>(stats_.backwards);
+    stats_.measured_delay = delay_sum_ / static_cast<double>(delay_count_);
   }
   if (++backwards_since_step_ == microbatches_per_step_) {
     backwards_since_step_ = 0;
@@ -334,7 +337,10 @@ void StageRuntime::Step() {
     k = stats_.steps;
   }
   const double alpha_k = BaseLearningRate(base_lr_, cosine_, k, total_steps_);
-  const double lr = T1LearningRate(alpha_k, k, lr_anneal_steps_, tau_);
+  // T1 from the switch on; none during a synchronous warm-up (τ = 0 there).
+  const bool warmup = k < warmup_steps_;
+  const double lr =
+      warmup ? alpha_k : T1LearningRate(alpha_k, k - warmup_steps_, lr_anneal_steps_, tau_);
   for (auto& group : optimizer_->param_groups()) {
     static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
   }
@@ -354,9 +360,22 @@ void StageRuntime::Step() {
   std::lock_guard<std::mutex> lock(stats_mu_);
   ++stats_.steps;
   stats_.learning_rate = lr;
+  if (warmup_steps_ > 0 && stats_.steps == warmup_steps_) {
+    // The switch: every backward of the warm-up is done (the coordinator
+    // flushes each synchronous step), so delays from here on are τ_i's.
+    stats_.async_from_step = stats_.steps;
+    delay_sum_ = 0;
+    delay_count_ = 0;
+  }
   stats_.last_step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   UpdateMemoryLocked();
+}
+
+bool StageRuntime::synchronous_now() const {
+  if (kind_ == ScheduleKind::kGPipe) return true;
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_.steps < warmup_steps_;
 }
 
 StageStats StageRuntime::Stats() const {

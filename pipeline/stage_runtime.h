@@ -11,7 +11,10 @@
 //   pipemare:  backward at T2's u_bkwd = w_t - τ_i δ_t (at w_t when T2 is
 //              off); step size by T1.
 // All: one optimizer step every N backwards; the three asynchronous ones
-// have the analytic delay τ_i = ceil((P-1-i)/N).
+// have the analytic delay τ_i = ceil((P-1-i)/N). With a synchronous warm-up
+// (T3) they run as gpipe until `warmup_steps` steps are applied: backward at
+// w_t, no T1; T2's velocity is kept up to date so it is warm at the switch.
+// T1's annealing then counts from the switch.
 // Backward recomputes the stage forward from the saved stage input at the
 // backward weights, so autograd never holds a graph across an update.
 //
@@ -64,8 +67,11 @@ struct StageStats {
   int64_t steps = 0;
   int64_t forwards = 0;
   int64_t backwards = 0;
-  double measured_delay = 0;  // mean optimizer steps between forward and backward
-  double learning_rate = 0;   // at the last step, after T1
+  // Mean optimizer steps between forward and backward, over the backwards
+  // since the switch to asynchronous execution (all, without a warm-up).
+  double measured_delay = 0;
+  int64_t async_from_step = -1;  // step of the switch after a warm-up; -1: none yet
+  double learning_rate = 0;      // at the last step, after T1
   int64_t parameters = 0;
   int analytic_delay = 0;         // τ_i
   int64_t in_flight = 0;          // forwards whose backward has not run
@@ -100,6 +106,9 @@ class StageRuntime {
   bool is_first() const { return stage_ == 0; }
   bool is_last() const { return stage_ == num_stages_ - 1; }
   ScheduleKind schedule() const { return kind_; }
+  // True while the stage runs synchronously: always for gpipe, during the
+  // warm-up for the others. The stage host orders its work by this.
+  bool synchronous_now() const;
   int microbatches_per_step() const { return microbatches_per_step_; }
 
   torch::Device device() const { return device_; }
@@ -162,6 +171,7 @@ class StageRuntime {
   const bool cosine_;
   const int64_t total_steps_;
   const int64_t lr_anneal_steps_;  // T1's K; 0 = off
+  const int64_t warmup_steps_;     // T3's W; 0 = off
   const bool t2_enabled_;
   const double t2_gamma_;
   // pipedream with τ_i > 0 (the last stage's backward follows its forward
@@ -179,8 +189,9 @@ class StageRuntime {
   void UpdateMemoryLocked();
 
   mutable std::mutex stats_mu_;
-  StageStats stats_;  // GUARDED_BY(stats_mu_)
-  double delay_sum_ = 0;
+  StageStats stats_;      // GUARDED_BY(stats_mu_)
+  double delay_sum_ = 0;  // over the backwards of the current phase
+  int64_t delay_count_ = 0;
 };
 
 }  // namespace pipemare

@@ -861,3 +861,71 @@ TEST(ParseScheduleKindTest, AllFourSchedules) {
 
 }  // namespace
 }  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+// T3: two synchronous steps (as gpipe), then pipemare with T1 counting from
+// the switch and T2 correcting with the velocity the warm-up kept warm.
+TEST(StageRuntimeWarmupTest, SwitchesAtTheConfiguredStepAndDelaysChangeThen) {
+  v1::StageAssignment a = Assignment("pipemare", 1, 4, 1, 1, Mlp({4, 3, 3, 3, 2}, "tanh"), 0.5);
+  a.set_warmup_steps(2);
+  a.set_lr_anneal_steps(10);
+  a.mutable_schedule()->set_discrepancy_decay(0.1);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  ASSERT_EQ(rt->Stats().analytic_delay, 2);
+  EXPECT_TRUE(rt->synchronous_now());
+  EXPECT_EQ(rt->Stats().async_from_step, -1);
+  auto forward = [&](uint64_t m) { ASSERT_TRUE(rt->Forward(m, Inputs(m, 3), true).ok()); };
+  auto backward = [&](uint64_t m) { ASSERT_TRUE(rt->Backward(m, Inputs(10 + m, 3)).ok()); };
+
+  // Warm-up: forward then backward of each microbatch, at w_t, no T1.
+  forward(1);
+  backward(1);
+  EXPECT_DOUBLE_EQ(rt->Stats().learning_rate, 0.5) << "T1 would give 0.5 * 2^-1";
+  forward(2);
+  backward(2);
+  EXPECT_EQ(rt->Stats().t2_correction_norm, 0) << "no correction during the warm-up";
+  EXPECT_EQ(rt->Stats().measured_delay, 0);
+  EXPECT_EQ(rt->Stats().steps, 2);
+  EXPECT_EQ(rt->Stats().async_from_step, 2);
+  EXPECT_FALSE(rt->synchronous_now());
+  EXPECT_GT(rt->Stats().memory.t2_velocity, 0);
+
+  // Asynchronous from step 2: 1F1B with τ = 2 in steady state.
+  forward(3);
+  forward(4);
+  forward(5);
+  backward(3);  // forwarded at 2, differentiated at 2: delay 0 (pipeline fill)
+  EXPECT_GT(rt->Stats().t2_correction_norm, 0) << "δ from the warm-up steps";
+  EXPECT_DOUBLE_EQ(rt->Stats().learning_rate, 0.5 * std::pow(2.0, -1.0))
+      << "T1 at k - W = 0: α · τ^-1";
+  forward(6);
+  backward(4);  // forwarded at 2, now 3
+  forward(7);
+  backward(5);  // forwarded at 2, now 4: τ = 2
+  EXPECT_NEAR(rt->Stats().measured_delay, (0 + 1 + 2) / 3.0, 1e-12)
+      << "counted from the switch: the warm-up's zeros are not in the mean";
+  backward(6);  // forwarded at 3, now 5
+  backward(7);  // forwarded at 4, now 6
+  EXPECT_NEAR(rt->Stats().measured_delay, (0 + 1 + 2 + 2 + 2) / 5.0, 1e-12);
+  EXPECT_DOUBLE_EQ(rt->Stats().learning_rate, 0.5 * std::pow(2.0, -(1.0 - 4.0 / 10.0)))
+      << "the step from 6 to 7 is k = 6, k - W = 4 of K = 10";
+}
+
+TEST(StageRuntimeWarmupTest, GPipeIgnoresIt) {
+  v1::StageAssignment a = Assignment("gpipe", 1, 4, 1, 1, Mlp({4, 3, 3, 3, 2}, "tanh"), 0.5);
+  a.set_warmup_steps(2);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  ASSERT_TRUE(rt->Forward(1, Inputs(1, 3), true).ok());
+  ASSERT_TRUE(rt->Backward(1, Inputs(11, 3)).ok());
+  ASSERT_TRUE(rt->Forward(2, Inputs(2, 3), true).ok());
+  ASSERT_TRUE(rt->Backward(2, Inputs(12, 3)).ok());
+  EXPECT_TRUE(rt->synchronous_now());
+  EXPECT_EQ(rt->Stats().async_from_step, -1);
+}
+
+}  // namespace
+}  // namespace pipemare

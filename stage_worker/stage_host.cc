@@ -31,7 +31,7 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
   host->runtime_ = std::move(*runtime);
   host->metrics_ = std::move(metrics);
   host->metrics_->Update(host->runtime_->Stats());
-  host->warmup_ = a.num_stages() - a.stage();
+  host->fill_depth_ = a.num_stages() - a.stage();
   if (!host->runtime_->is_last()) {
     if (a.downstream_address().empty()) {
       return absl::InvalidArgumentError(
@@ -236,15 +236,15 @@ bool StageHost::NextEvent(Event* event) {
     const bool have_act = act != activations_.end();
     const bool have_grad = !gradients_.empty();
     bool take_grad = false, take_act = false;
-    if (runtime_->schedule() == ScheduleKind::kGPipe) {
-      // Forwards first; the flush after N microbatches comes from the
-      // coordinator and the last stage's deferred backwards.
+    if (runtime_->synchronous_now()) {
+      // gpipe, or a warm-up: forwards first; the flush after N microbatches
+      // comes from the coordinator and the last stage's deferred backwards.
       take_act = have_act;
       take_grad = !have_act && have_grad;
-    } else if (outstanding_ >= warmup_ || cooling_) {
+    } else if (outstanding_ >= fill_depth_ || cooling_) {
       take_grad = have_grad;  // 1F1B: the backward is due
     } else {
-      take_act = have_act;  // warm-up, or the forward after a backward
+      take_act = have_act;  // filling the pipeline, or the forward after a backward
     }
     // EVAL runs only on a drained pipeline; it never waits for 1F1B.
     if (!take_act && !take_grad && have_act && act->phase == v1::EVAL && outstanding_ == 0) {
@@ -335,10 +335,10 @@ absl::Status StageHost::HandleActivation(const Event& event) {
   msg.mutable_result()->set_count(result->count);
   if (auto st = Send(Side::kTargets, msg); !st.ok()) return st;
   if (!train) return absl::OkStatus();
-  if (IsAsynchronous(runtime_->schedule())) {
+  if (!runtime_->synchronous_now()) {
     return BackwardAndSendUp(event.microbatch, torch::Tensor());
   }
-  // gpipe: all N forwards of the step, then the N backwards.
+  // gpipe (or a warm-up): all N forwards of the step, then the N backwards.
   deferred_backwards_.push_back(event.microbatch);
   if (static_cast<int>(deferred_backwards_.size()) < runtime_->microbatches_per_step()) {
     return absl::OkStatus();
@@ -443,6 +443,7 @@ v1::StageStatusResponse StageHost::Status() const {
   };
   to_proto(s.memory, r.mutable_memory());
   to_proto(s.peak_memory, r.mutable_peak_memory());
+  r.set_async_from_step(s.async_from_step);
   std::lock_guard<std::mutex> lock(mu_);
   r.set_error(error_);
   return r;

@@ -112,12 +112,12 @@ class StageHost {
   std::mutex write_mu_;  // one writer at a time per host keeps ordering simple
 
   std::vector<uint64_t> deferred_backwards_;  // gpipe, last stage; compute thread only
-  // pipemare's 1F1B order (compute thread only): at most `warmup_` = P - i
+  // 1F1B order of the asynchronous schedules (compute thread only): at most `fill_depth_` = P - i
   // forwards outstanding; once there, one backward then one forward. This
   // makes τ_i = P - 1 - i exact whatever the timing. `cooling_` = the flush
   // microbatch was forwarded: run the remaining backwards.
   int outstanding_ = 0;
-  int warmup_ = 1;
+  int fill_depth_ = 1;
   bool cooling_ = false;
 
   std::atomic<bool> stopping_{false};

@@ -108,6 +108,30 @@ TEST(EndToEnd, PipeDreamAndAsyncTrainWithTheAnalyticDelay) {
   }
 }
 
+TEST(EndToEnd, PipeMareWarmupSwitchesToAsynchronousAtTheConfiguredStep) {
+  Cluster cluster(3);
+  ASSERT_TRUE(cluster.ok());
+  std::string yaml = ShortSpec("e2e-warmup", "pipemare", 3, 12800);
+  const std::string plain = "discrepancy_decay: 0.1}";
+  ASSERT_NE(yaml.find(plain), std::string::npos);
+  yaml.replace(yaml.find(plain), plain.size(), "discrepancy_decay: 0.1, warmup_steps: 100}");
+  auto submit = cluster.Ctl({"submit", cluster.WriteSpec("warmup", yaml), "--wait"}, 300);
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+  v1::JobStatus job = cluster.Status("job-1");
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  ASSERT_EQ(job.stages_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(job.stages(i).async_from_step(), 100) << "stage " << i;
+    // Counted from the switch: τ_i, not diluted by the warm-up's zeros.
+    EXPECT_NEAR(job.stages(i).measured_delay(), 2 - i, 0.05) << "stage " << i;
+  }
+  EXPECT_GE(job.metrics().test_accuracy(), 0.85);
+  EXPECT_TRUE(absl::StrContains(cluster.coordinator().Log(),
+                                "synchronous warm-up done after 100 steps; switching to "
+                                "asynchronous pipemare"))
+      << cluster.coordinator().Log();
+}
+
 TEST(EndToEnd, SecondJobWaitsInPendingThenRuns) {
   Cluster cluster(2);
   ASSERT_TRUE(cluster.ok());
