@@ -7,6 +7,7 @@
 #include <limits>
 #include <regex>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -238,6 +239,47 @@ int ModelUnitCount(const v1::ModelSpec& model) {
   return 0;
 }
 
+absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& o) {
+  if (auto st = OneOf("optimizer.type", o.type(), {"sgd", "adam", "adamw"}); !st.ok()) return st;
+  if (!(o.lr() > 0)) return Bad("optimizer.lr", "required, a number > 0 (e.g. 0.05)");
+  if (o.momentum() < 0 || o.momentum() >= 1) return Bad("optimizer.momentum", "must be in [0, 1)");
+  if (o.weight_decay() < 0) return Bad("optimizer.weight_decay", "must be >= 0");
+  const bool sgd = o.type() == "sgd";
+  if (!sgd && o.momentum() != 0) {
+    return Bad("optimizer.momentum",
+               absl::StrCat("applies to sgd only; ", o.type(), "'s is optimizer.beta1"));
+  }
+  if (!sgd && o.nesterov()) return Bad("optimizer.nesterov", "applies to sgd only");
+  for (const auto& [field, set, value] :
+       {std::tuple<const char*, bool, double>{"optimizer.beta1", o.has_beta1(), o.beta1()},
+        {"optimizer.beta2", o.has_beta2(), o.beta2()}}) {
+    if (set && sgd) return Bad(field, "applies to adam and adamw only");
+    if (set && !(value >= 0 && value < 1)) return Bad(field, "must be in [0, 1)");
+  }
+  if (o.has_eps() && sgd) return Bad("optimizer.eps", "applies to adam and adamw only");
+  if (o.has_eps() && !(o.eps() > 0)) return Bad("optimizer.eps", "must be > 0 (e.g. 1e-8)");
+  if (!(o.grad_clip_norm() >= 0)) {
+    return Bad("optimizer.grad_clip_norm", "must be >= 0 (0 = no clipping)");
+  }
+  if (auto st = OneOf("optimizer.lr_schedule", o.lr_schedule(), {"constant", "cosine", "step"});
+      !st.ok()) {
+    return st;
+  }
+  if (o.lr_schedule() == "step" && o.lr_step_size() < 1) {
+    return Bad("optimizer.lr_step_size",
+               "required for lr_schedule step: steps between decays, >= 1");
+  }
+  if (o.lr_step_size() < 0) return Bad("optimizer.lr_step_size", "must be >= 1");
+  if (o.has_lr_step_gamma() && !(o.lr_step_gamma() > 0 && o.lr_step_gamma() <= 1)) {
+    return Bad("optimizer.lr_step_gamma", "must be in (0, 1]");
+  }
+  if (o.lr_warmup_steps() < 0) return Bad("optimizer.lr_warmup_steps", "must be >= 0 (0 = off)");
+  if (o.nesterov() && o.momentum() <= 0) {
+    return Bad("optimizer.nesterov", "needs optimizer.momentum > 0");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   static const std::regex kName("[A-Za-z0-9._-]{1,64}");
   if (spec.name().empty()) return Bad("name", "required (1..64 chars of A-Z a-z 0-9 . _ -)");
@@ -278,18 +320,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
           absl::StrCat("is ", m.layers(m.layers_size() - 1), " but MNIST has 10 classes; use 10"));
     }
   }
-  // optimizer
-  const auto& o = spec.optimizer();
-  if (auto st = OneOf("optimizer.type", o.type(), {"sgd"}); !st.ok()) return st;
-  if (!(o.lr() > 0)) return Bad("optimizer.lr", "required, a number > 0 (e.g. 0.05)");
-  if (o.momentum() < 0 || o.momentum() >= 1) return Bad("optimizer.momentum", "must be in [0, 1)");
-  if (o.weight_decay() < 0) return Bad("optimizer.weight_decay", "must be >= 0");
-  if (auto st = OneOf("optimizer.lr_schedule", o.lr_schedule(), {"constant", "cosine"}); !st.ok()) {
-    return st;
-  }
-  if (o.nesterov() && o.momentum() <= 0) {
-    return Bad("optimizer.nesterov", "needs optimizer.momentum > 0");
-  }
+  if (auto st = ValidateOptimizerSpec(spec.optimizer()); !st.ok()) return st;
   // schedule
   const auto& s = spec.schedule();
   if (auto st = OneOf("schedule.type", s.type(), {"pipemare", "gpipe", "pipedream", "async"});

@@ -27,6 +27,10 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec);
 // applied. Does not touch the file system: the coordinator checks the dataset.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
+// The optimizer part of ValidateJobSpec (errors name optimizer.*), after
+// defaults; workers check their assignment's optimizer with it too.
+absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& optimizer);
+
 // Number of pipeline units the model has (for an MLP: layers - 1).
 int ModelUnitCount(const v1::ModelSpec& model);
 

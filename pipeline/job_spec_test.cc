@@ -366,8 +366,8 @@ TEST(JobSpecValidateTest, OtherBadEnumValues) {
                 "model.activation", "relu, tanh, gelu, sigmoid");
   ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_data()->set_type("cifar"); }),
                 "data.type", "mnist");
-  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_optimizer()->set_type("adam"); }),
-                "optimizer.type", "sgd");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_optimizer()->set_type("rmsprop"); }),
+                "optimizer.type", "sgd, adam, adamw");
 }
 
 TEST(JobSpecValidateTest, EveryActivationIsAccepted) {
@@ -505,6 +505,61 @@ TEST(JobSpecValidateTest, WarmupStepsOrEpochsNonNegativeNotBoth) {
                 "schedule.warmup_epochs", "not both");
   EXPECT_TRUE(
       ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_warmup_epochs(0.5); }).ok());
+}
+
+TEST(JobSpecValidateTest, OptimizerFieldsNameTheFieldAndTheFix) {
+  auto with = [](auto mutate) {
+    return ValidateMutated([&](v1::JobSpec& s) { mutate(*s.mutable_optimizer()); });
+  };
+  ExpectInvalid(with([](v1::OptimizerSpec& o) {
+                  o.set_type("adam");
+                  o.set_momentum(0.9);
+                }),
+                "optimizer.momentum", "optimizer.beta1");
+  ExpectInvalid(with([](v1::OptimizerSpec& o) {
+                  o.set_type("adamw");
+                  o.set_momentum(0);
+                  o.set_nesterov(true);
+                }),
+                "optimizer.nesterov", "sgd only");
+  ExpectInvalid(with([](v1::OptimizerSpec& o) { o.set_beta1(0.9); }), "optimizer.beta1",
+                "adam and adamw only");
+  ExpectInvalid(with([](v1::OptimizerSpec& o) {
+                  o.set_type("adam");
+                  o.set_momentum(0);
+                  o.set_beta2(1.0);
+                }),
+                "optimizer.beta2", "[0, 1)");
+  ExpectInvalid(with([](v1::OptimizerSpec& o) {
+                  o.set_type("adam");
+                  o.set_momentum(0);
+                  o.set_eps(0);
+                }),
+                "optimizer.eps", "> 0");
+  ExpectInvalid(with([](v1::OptimizerSpec& o) { o.set_grad_clip_norm(-1); }),
+                "optimizer.grad_clip_norm", ">= 0");
+  ExpectInvalid(with([](v1::OptimizerSpec& o) { o.set_lr_schedule("step"); }),
+                "optimizer.lr_step_size", "required for lr_schedule step");
+  ExpectInvalid(with([](v1::OptimizerSpec& o) {
+                  o.set_lr_schedule("step");
+                  o.set_lr_step_size(10);
+                  o.set_lr_step_gamma(1.5);
+                }),
+                "optimizer.lr_step_gamma", "(0, 1]");
+  ExpectInvalid(with([](v1::OptimizerSpec& o) { o.set_lr_warmup_steps(-3); }),
+                "optimizer.lr_warmup_steps", ">= 0");
+  EXPECT_TRUE(with([](v1::OptimizerSpec& o) {
+                o.set_type("adamw");
+                o.set_momentum(0);
+                o.set_beta1(0.9);
+                o.set_beta2(0.98);
+                o.set_eps(1e-6);
+                o.set_weight_decay(0.01);
+                o.set_grad_clip_norm(1.0);
+                o.set_lr_schedule("step");
+                o.set_lr_step_size(100);
+                o.set_lr_warmup_steps(50);
+              }).ok());
 }
 
 TEST(JobSpecValidateTest, MicrobatchRanges) {

@@ -21,14 +21,6 @@ inline int AnalyticDelay(int num_stages, int stage, int microbatches_per_step) {
   return (in_flight_after + microbatches_per_step - 1) / microbatches_per_step;
 }
 
-// α_k, the job's base learning-rate schedule that T1 rescales (not from the
-// paper): constant, or cosine decay from `lr` to 0 over `total_steps`.
-inline double BaseLearningRate(double lr, bool cosine, int64_t k, int64_t total_steps) {
-  if (!cosine || total_steps <= 0) return lr;
-  const double progress = std::min(static_cast<double>(k) / static_cast<double>(total_steps), 1.0);
-  return lr * 0.5 * (1.0 + std::cos(3.14159265358979323846 * progress));
-}
-
 // T1, learning-rate rescheduling: α_{k,i} = α_k · τ_i^-(1 - min(k/K, 1)).
 // No change where τ_i <= 1 or K <= 0 (T1 off).
 inline double T1LearningRate(double alpha_k, int64_t k, int64_t K, int tau) {

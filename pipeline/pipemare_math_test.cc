@@ -76,20 +76,3 @@ TEST(T2BackwardWeightsTest, HandComputed) {
 
 }  // namespace
 }  // namespace pipemare
-
-namespace pipemare {
-namespace {
-
-TEST(BaseLearningRateTest, ConstantAndCosine) {
-  EXPECT_DOUBLE_EQ(BaseLearningRate(0.1, false, 50, 100), 0.1);
-  EXPECT_NEAR(BaseLearningRate(0.1, true, 0, 100), 0.1, 1e-12);
-  EXPECT_NEAR(BaseLearningRate(0.1, true, 50, 100), 0.05, 1e-12);  // ½(1 + cos π/2)
-  EXPECT_NEAR(BaseLearningRate(0.1, true, 25, 100), 0.1 * 0.5 * (1 + std::sqrt(0.5)), 1e-12);
-  EXPECT_NEAR(BaseLearningRate(0.1, true, 100, 100), 0.0, 1e-12);
-  EXPECT_NEAR(BaseLearningRate(0.1, true, 150, 100), 0.0, 1e-12);  // clamped
-  // T1 rescales the base schedule: α_{k,i} = α_k · τ^-(1 - k/K).
-  EXPECT_NEAR(T1LearningRate(BaseLearningRate(0.1, true, 50, 100), 50, 100, 4), 0.05 * 0.5, 1e-12);
-}
-
-}  // namespace
-}  // namespace pipemare

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/job_spec.h"
+#include "pipeline/lr_schedule.h"
 #include "pipeline/pipemare_math.h"
 
 namespace pipemare {
@@ -75,12 +76,10 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
   }
   auto kind = ParseScheduleKind(a.schedule().type());
   if (!kind.ok()) return kind.status();
-  if (a.optimizer().type() != "sgd") return Bad("optimizer.type", "only 'sgd' is supported");
-  if (!a.optimizer().lr_schedule().empty() && a.optimizer().lr_schedule() != "constant" &&
-      a.optimizer().lr_schedule() != "cosine") {
-    return Bad("optimizer.lr_schedule", "allowed: constant, cosine");
-  }
-  if (!(a.optimizer().lr() > 0)) return Bad("optimizer.lr", "must be > 0");
+  v1::OptimizerSpec optimizer = a.optimizer();
+  if (optimizer.type().empty()) optimizer.set_type("sgd");
+  if (optimizer.lr_schedule().empty()) optimizer.set_lr_schedule("constant");
+  if (auto st = ValidateOptimizerSpec(optimizer); !st.ok()) return st;
   if (a.schedule().microbatches_per_step() < 1) {
     return Bad("schedule.microbatches_per_step", "must be >= 1");
   }
@@ -97,6 +96,34 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
   return std::unique_ptr<StageRuntime>(new StageRuntime(a, *kind, module, device));
 }
 
+namespace {
+
+// The stage's optimizer over its own parameters (a validated spec).
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& o,
+                                                       std::vector<torch::Tensor> params) {
+  const double beta1 = o.has_beta1() ? o.beta1() : 0.9;
+  const double beta2 = o.has_beta2() ? o.beta2() : 0.999;
+  const double eps = o.has_eps() ? o.eps() : 1e-8;
+  if (o.type() == "adam") {
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr())
+                                                            .betas(std::make_tuple(beta1, beta2))
+                                                            .eps(eps)
+                                                            .weight_decay(o.weight_decay()));
+  }
+  if (o.type() == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(o.lr())
+                                                             .betas(std::make_tuple(beta1, beta2))
+                                                             .eps(eps)
+                                                             .weight_decay(o.weight_decay()));
+  }
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.lr())
+                                                         .momentum(o.momentum())
+                                                         .weight_decay(o.weight_decay())
+                                                         .nesterov(o.nesterov()));
+}
+
+}  // namespace
+
 StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
                            torch::nn::Sequential module, torch::Device device)
     : stage_(a.stage()),
@@ -106,9 +133,8 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       tau_(IsAsynchronous(kind)
                ? AnalyticDelay(a.num_stages(), a.stage(), a.schedule().microbatches_per_step())
                : 0),
-      base_lr_(a.optimizer().lr()),
-      cosine_(a.optimizer().lr_schedule() == "cosine"),
-      total_steps_(a.total_steps()),
+      lr_schedule_(LrScheduleFromSpec(a.optimizer(), a.total_steps())),
+      grad_clip_norm_(a.optimizer().grad_clip_norm()),
       lr_anneal_steps_(kind == ScheduleKind::kPipeMare ? a.lr_anneal_steps() : 0),
       warmup_steps_(IsAsynchronous(kind) ? std::max<int64_t>(a.warmup_steps(), 0) : 0),
       t2_enabled_(kind == ScheduleKind::kPipeMare && a.schedule().has_discrepancy_decay() &&
@@ -117,12 +143,7 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       stashing_(kind == ScheduleKind::kPipeDream && tau_ > 0),
       device_(device),
       module_(std::move(module)) {
-  const auto& o = a.optimizer();
-  optimizer_ =
-      std::make_unique<torch::optim::SGD>(module_->parameters(), torch::optim::SGDOptions(base_lr_)
-                                                                     .momentum(o.momentum())
-                                                                     .weight_decay(o.weight_decay())
-                                                                     .nesterov(o.nesterov()));
+  optimizer_ = MakeOptimizer(a.optimizer(), module_->parameters());
   int64_t params = 0;
   for (const auto& p : module_->parameters()) {
     params += p.numel();
@@ -130,8 +151,9 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
   }
   stats_.parameters = params;
   stats_.analytic_delay = tau_;
-  stats_.learning_rate =
-      warmup_steps_ > 0 ? base_lr_ : T1LearningRate(base_lr_, 0, lr_anneal_steps_, tau_);
+  stats_.learning_rate = warmup_steps_ > 0 ? BaseLearningRate(lr_schedule_, 0)
+                                           : T1LearningRate(BaseLearningRate(lr_schedule_, 0), 0,
+                                                            lr_anneal_steps_, tau_);
   UpdateMemoryLocked();
 }
 
@@ -147,8 +169,16 @@ void StageRuntime::UpdateMemoryLocked() {
   for (const auto& b : module_->buffers()) m.weights += Bytes(b);
   for (const auto& v : velocity_) m.t2_velocity += Bytes(v);
   for (const auto& kv : optimizer_->state()) {
-    m.optimizer_state +=
-        Bytes(static_cast<const torch::optim::SGDParamState&>(*kv.second).momentum_buffer());
+    const torch::optim::OptimizerParamState* s = kv.second.get();
+    if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+      m.optimizer_state += Bytes(sgd->momentum_buffer());
+    } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+      m.optimizer_state +=
+          Bytes(adam->exp_avg()) + Bytes(adam->exp_avg_sq()) + Bytes(adam->max_exp_avg_sq());
+    } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+      m.optimizer_state +=
+          Bytes(adamw->exp_avg()) + Bytes(adamw->exp_avg_sq()) + Bytes(adamw->max_exp_avg_sq());
+    }
   }
   for (const auto& kv : saved_)
     m.saved_activations += Bytes(kv.second.input) + Bytes(kv.second.targets);
@@ -336,15 +366,17 @@ void StageRuntime::Step() {
     std::lock_guard<std::mutex> lock(stats_mu_);
     k = stats_.steps;
   }
-  const double alpha_k = BaseLearningRate(base_lr_, cosine_, k, total_steps_);
+  const double alpha_k = BaseLearningRate(lr_schedule_, k);
   // T1 from the switch on; none during a synchronous warm-up (τ = 0 there).
   const bool warmup = k < warmup_steps_;
   const double lr =
       warmup ? alpha_k : T1LearningRate(alpha_k, k - warmup_steps_, lr_anneal_steps_, tau_);
-  for (auto& group : optimizer_->param_groups()) {
-    static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
-  }
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
   auto params = module_->parameters();
+  double grad_norm = 0;
+  if (grad_clip_norm_ > 0) {
+    grad_norm = torch::nn::utils::clip_grad_norm_(params, grad_clip_norm_);
+  }
   std::vector<torch::Tensor> w_t;
   if (t2_enabled_) {
     for (const auto& p : params) w_t.push_back(p.detach().clone());
@@ -360,6 +392,7 @@ void StageRuntime::Step() {
   std::lock_guard<std::mutex> lock(stats_mu_);
   ++stats_.steps;
   stats_.learning_rate = lr;
+  stats_.last_grad_norm = grad_norm;
   if (warmup_steps_ > 0 && stats_.steps == warmup_steps_) {
     // The switch: every backward of the warm-up is done (the coordinator
     // flushes each synchronous step), so delays from here on are τ_i's.

@@ -31,6 +31,7 @@
 #include <mutex>
 
 #include "absl/status/statusor.h"
+#include "pipeline/lr_schedule.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
@@ -53,7 +54,7 @@ absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int
 // Bytes a stage holds now, from the tensors themselves.
 struct StageMemory {
   int64_t weights = 0;
-  int64_t optimizer_state = 0;    // e.g. SGD momentum buffers
+  int64_t optimizer_state = 0;    // SGD momentum buffers, Adam's two moments
   int64_t t2_velocity = 0;        // T2's δ
   int64_t stash = 0;              // stashed weight versions (pipedream)
   int64_t saved_activations = 0;  // stage inputs (and targets) kept for backwards
@@ -82,6 +83,7 @@ struct StageStats {
   // under async and pipemare (T2 extrapolates from it); -1 before any.
   int64_t last_backward_version = -1;
   int64_t stashed_versions = 0;  // weight versions held in the stash
+  double last_grad_norm = 0;     // before clipping, at the last step; 0 without clipping
   StageMemory memory;
   StageMemory peak_memory;  // the most of each kind held at any time
 };
@@ -166,10 +168,9 @@ class StageRuntime {
   const int num_stages_;
   const ScheduleKind kind_;
   const int microbatches_per_step_;
-  const int tau_;  // τ_i, analytic
-  const double base_lr_;
-  const bool cosine_;
-  const int64_t total_steps_;
+  const int tau_;                  // τ_i, analytic
+  const LrSchedule lr_schedule_;   // α_k
+  const double grad_clip_norm_;    // 0 = off
   const int64_t lr_anneal_steps_;  // T1's K; 0 = off
   const int64_t warmup_steps_;     // T3's W; 0 = off
   const bool t2_enabled_;
@@ -179,7 +180,7 @@ class StageRuntime {
   const bool stashing_;
   const torch::Device device_;
   torch::nn::Sequential module_;
-  std::unique_ptr<torch::optim::SGD> optimizer_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> velocity_;  // T2's δ, one per parameter
   std::map<uint64_t, Saved> saved_;
   std::map<int64_t, Stash> stash_;  // by weight version; pipedream only

@@ -649,7 +649,7 @@ TEST(StageRuntimeErrorTest, CreateRejectsBadAssignments) {
   cases.push_back(
       {"schedule.microbatches_per_step", Assignment("gpipe", 0, 1, 0, 3, model, 0.1, 0)});
   Case adam{"optimizer.type", Assignment("gpipe", 0, 1, 0, 3, model)};
-  adam.a.mutable_optimizer()->set_type("adam");
+  adam.a.mutable_optimizer()->set_type("rmsprop");
   cases.push_back(adam);
   for (const auto& c : cases) {
     SCOPED_TRACE(c.a.ShortDebugString());
@@ -925,6 +925,108 @@ TEST(StageRuntimeWarmupTest, GPipeIgnoresIt) {
   ASSERT_TRUE(rt->Backward(2, Inputs(12, 3)).ok());
   EXPECT_TRUE(rt->synchronous_now());
   EXPECT_EQ(rt->Stats().async_from_step, -1);
+}
+
+}  // namespace
+}  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+// Adam and AdamW, a step schedule and per-stage clipping, against the same
+// model trained by plain LibTorch on the same microbatches.
+template <typename Optimizer, typename Options>
+void ExpectMatchesTorch(const std::string& type, Options options) {
+  v1::StageAssignment a = SingleStage("gpipe", 2);
+  auto* o = a.mutable_optimizer();
+  o->set_type(type);
+  o->set_lr(0.01);
+  o->set_weight_decay(0.05);
+  o->set_beta1(0.8);
+  o->set_beta2(0.99);
+  o->set_eps(1e-7);
+  o->set_grad_clip_norm(0.5);
+  o->set_lr_schedule("step");
+  o->set_lr_step_size(2);
+  o->set_lr_step_gamma(0.5);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  torch::nn::Sequential ref = MustBuild(a.model(), 0, 3);
+  Optimizer opt(ref->parameters(),
+                options.betas(std::make_tuple(0.8, 0.99)).eps(1e-7).weight_decay(0.05));
+  for (int step = 0; step < 4; ++step) {
+    const uint64_t m1 = 2 * step + 1, m2 = 2 * step + 2;
+    const torch::Tensor x1 = Inputs(200 + m1), y1 = Targets(300 + m1);
+    const torch::Tensor x2 = Inputs(200 + m2), y2 = Targets(300 + m2);
+    ASSERT_TRUE(rt->ForwardLoss(m1, x1, y1, true).ok());
+    ASSERT_TRUE(rt->ForwardLoss(m2, x2, y2, true).ok());
+    ASSERT_TRUE(rt->Backward(m1, torch::Tensor()).ok());
+    ASSERT_TRUE(rt->Backward(m2, torch::Tensor()).ok());
+
+    opt.zero_grad();
+    torch::Tensor loss = torch::nn::functional::cross_entropy(ref->forward(x1), y1) / 2 +
+                         torch::nn::functional::cross_entropy(ref->forward(x2), y2) / 2;
+    loss.backward();
+    const double norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5);
+    const double lr = 0.01 * std::pow(0.5, step / 2);
+    for (auto& group : opt.param_groups()) group.options().set_lr(lr);
+    opt.step();
+    EXPECT_DOUBLE_EQ(rt->Stats().learning_rate, lr) << type << " step " << step;
+    EXPECT_NEAR(rt->Stats().last_grad_norm, norm, 1e-6 * norm) << type;
+    ExpectAllClose(rt->Parameters(), ref->parameters(), 1e-5, 1e-7);
+  }
+  // Two moments per parameter.
+  EXPECT_EQ(rt->Stats().memory.optimizer_state, 2 * rt->Stats().memory.weights) << type;
+}
+
+TEST(StageRuntimeOptimizerTest, AdamMatchesTorchWithStepScheduleAndClipping) {
+  ExpectMatchesTorch<torch::optim::Adam>("adam", torch::optim::AdamOptions(0.01));
+}
+
+TEST(StageRuntimeOptimizerTest, AdamWMatchesTorchWithStepScheduleAndClipping) {
+  ExpectMatchesTorch<torch::optim::AdamW>("adamw", torch::optim::AdamWOptions(0.01));
+}
+
+TEST(StageRuntimeOptimizerTest, ClippingBoundsTheStagesUpdate) {
+  // Plain SGD, clip at 1e-3: the update is exactly lr · 1e-3 long.
+  v1::StageAssignment a = SingleStage("gpipe", 1);
+  a.mutable_optimizer()->set_grad_clip_norm(1e-3);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  const auto w0 = Snapshot(rt->Parameters());
+  ASSERT_TRUE(rt->ForwardLoss(1, Inputs(1), Targets(2), true).ok());
+  ASSERT_TRUE(rt->Backward(1, torch::Tensor()).ok());
+  double sq = 0;
+  const auto w1 = rt->Parameters();
+  for (size_t j = 0; j < w0.size(); ++j) sq += (w1[j] - w0[j]).pow(2).sum().item<double>();
+  // torch divides by (norm + 1e-6): the length is lr · 1e-3 to 1e-4 relative.
+  EXPECT_NEAR(std::sqrt(sq), 0.1 * 1e-3, 1e-4 * 0.1 * 1e-3);
+  EXPECT_GT(rt->Stats().last_grad_norm, 1e-3);
+}
+
+TEST(StageRuntimeOptimizerTest, T1ScalesAdamsStepOnADelayedStage) {
+  // Adam's first update is ±lr per element (m / sqrt(v) = sign(g)), so the
+  // largest change shows the step size T1 gave the stage: α · τ^-1.
+  v1::StageAssignment a = Assignment("pipemare", 1, 4, 1, 1, Mlp({4, 3, 3, 3, 2}, "tanh"), 0.01);
+  a.mutable_optimizer()->set_type("adam");
+  a.set_lr_anneal_steps(100);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  ASSERT_EQ(rt->Stats().analytic_delay, 2);
+  const auto w0 = Snapshot(rt->Parameters());
+  ASSERT_TRUE(rt->Forward(1, Inputs(1, 3), true).ok());
+  ASSERT_TRUE(rt->Backward(1, Inputs(11, 3)).ok());
+  EXPECT_NEAR(MaxAbsDiff(rt->Parameters(), w0), 0.01 / 2, 1e-6);
+  EXPECT_DOUBLE_EQ(rt->Stats().learning_rate, 0.005);
+}
+
+TEST(StageRuntimeOptimizerTest, CreateRefusesOptimizerFieldsOfAnotherType) {
+  v1::StageAssignment a = SingleStage("gpipe", 1);
+  a.mutable_optimizer()->set_type("adam");
+  a.mutable_optimizer()->set_momentum(0.9);
+  auto rt = StageRuntime::Create(a);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_THAT(std::string(rt.status().message()), HasSubstr("optimizer.momentum"));
 }
 
 }  // namespace

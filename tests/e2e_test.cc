@@ -132,6 +132,31 @@ TEST(EndToEnd, PipeMareWarmupSwitchesToAsynchronousAtTheConfiguredStep) {
       << cluster.coordinator().Log();
 }
 
+TEST(EndToEnd, PipeMareTrainsWithAdamWClippingAndAStepSchedule) {
+  Cluster cluster(3);
+  ASSERT_TRUE(cluster.ok());
+  std::string yaml = ShortSpec("e2e-adamw", "pipemare", 3, 12800);
+  const std::string sgd = "optimizer: {type: sgd, lr: 0.05, momentum: 0.5}";
+  ASSERT_NE(yaml.find(sgd), std::string::npos);
+  yaml.replace(yaml.find(sgd), sgd.size(),
+               "optimizer: {type: adamw, lr: 0.002, weight_decay: 0.01, grad_clip_norm: 1.0,\n"
+               "            lr_schedule: step, lr_step_size: 200, lr_step_gamma: 0.5,\n"
+               "            lr_warmup_steps: 20}");
+  auto submit = cluster.Ctl({"submit", cluster.WriteSpec("adamw", yaml), "--wait"}, 300);
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+  v1::JobStatus job = cluster.Status("job-1");
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_GE(job.metrics().test_accuracy(), 0.85);
+  ASSERT_EQ(job.stages_size(), 3);
+  for (const auto& stage : job.stages()) {
+    // Adam's two moments per parameter, read off the worker's tensors.
+    EXPECT_EQ(stage.peak_memory().optimizer_state(), 2 * stage.peak_memory().weights());
+    // The last step (k = 399) is past one decay: 0.002 · 0.5, times T1's
+    // τ^-(1 - min(k/K, 1)) = 1 at k >= K = 100.
+    EXPECT_NEAR(stage.learning_rate(), 0.001, 1e-12) << "stage " << stage.index();
+  }
+}
+
 TEST(EndToEnd, SecondJobWaitsInPendingThenRuns) {
   Cluster cluster(2);
   ASSERT_TRUE(cluster.ok());
