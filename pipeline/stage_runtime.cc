@@ -313,11 +313,13 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
       // Differentiate at u_bkwd, then restore w_t. Never in place under a
       // live graph: the recompute below builds its graph after the swap.
       torch::NoGradGuard no_grad;
+      torch::Tensor sq = torch::zeros({}, params[0].options().dtype(torch::kFloat64));
       for (size_t j = 0; j < params.size(); ++j) {
         w_t.push_back(params[j].detach().clone());
-        correction_sq += (u[j] - w_t[j]).pow(2).sum().item<double>();
+        sq += (u[j] - w_t[j]).pow(2).sum();
         params[j].copy_(u[j]);
       }
+      correction_sq = sq.item<double>();  // one device sync per backward, not one per tensor
     }
     torch::Tensor x = saved.input.detach();
     if (!is_first()) x.requires_grad_(true);
