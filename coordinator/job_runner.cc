@@ -16,6 +16,7 @@
 #include "pipeline/mnist.h"
 #include "pipeline/partition.h"
 #include "pipeline/pipemare_math.h"
+#include "pipeline/schedule.h"
 #include "pipeline/tensor_codec.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
 
@@ -65,8 +66,7 @@ class JobRunner::Impl {
   void CloseFeeds();
   void ReleaseStages();
   absl::Status SendMicrobatch(const ImageDataset& data, const std::vector<int64_t>& order,
-                              int64_t begin, int64_t count, uint64_t id, v1::Phase phase,
-                              bool flush = false);
+                              int64_t begin, int64_t count, uint64_t id, v1::Phase phase);
   // Processes feed events until `done()` holds. Fails on cancel, a stage
   // error, a lost worker, or a stall.
   absl::Status WaitUntil(const std::function<bool()>& done);
@@ -135,6 +135,7 @@ absl::Status JobRunner::Impl::LoadStages(const std::vector<StageRange>& ranges,
     a.set_seed(spec_.train().seed());
     a.set_lr_anneal_steps(anneal_steps);
     a.set_warmup_steps(warmup_steps);
+    a.set_steps_per_epoch(steps_per_epoch_);
     a.set_total_steps(total_steps_);
     if (i + 1 < P_) a.set_downstream_address(r_.workers_[i + 1].address());
     v1::LoadStageResponse resp;
@@ -229,8 +230,7 @@ void JobRunner::Impl::ReleaseStages() {
 
 absl::Status JobRunner::Impl::SendMicrobatch(const ImageDataset& data,
                                              const std::vector<int64_t>& order, int64_t begin,
-                                             int64_t count, uint64_t id, v1::Phase phase,
-                                             bool flush) {
+                                             int64_t count, uint64_t id, v1::Phase phase) {
   const int64_t features = data.features();
   std::vector<float> x(count * features);
   std::vector<int64_t> y(count);
@@ -246,7 +246,6 @@ absl::Status JobRunner::Impl::SendMicrobatch(const ImageDataset& data,
   v1::StageMessage input;
   input.set_microbatch(id);
   input.set_phase(phase);
-  input.set_flush(flush);
   *input.mutable_activation() = MakeFloat32Tensor(x.data(), {count, features});
   // Targets first, so the last stage has them when the activation arrives.
   if (!target_feed_.stream->Write(targets)) {
@@ -416,6 +415,13 @@ absl::Status JobRunner::Impl::Run() {
       : sched.warmup_steps() > 0
           ? sched.warmup_steps()
           : static_cast<int64_t>(std::llround(sched.warmup_epochs() * steps_per_epoch_));
+  // The schedule as data: refuse a plan that cannot run before any stage loads.
+  {
+    PlanOptions plan{sched.type(), P_, N, steps_per_epoch_, 0, warmup_steps};
+    auto built = BuildPlan(plan);
+    absl::Status valid = built.ok() ? ValidatePlan(*built) : built.status();
+    if (!valid.ok()) return valid;
+  }
   absl::Status st = LoadStages(*ranges, anneal_steps, warmup_steps);
   if (st.ok()) st = OpenFeed(target_feed_, P_ - 1, v1::StreamOpen::TARGET_FEED);
   if (st.ok()) st = OpenFeed(input_feed_, 0, v1::StreamOpen::INPUT_FEED);
@@ -452,11 +458,7 @@ absl::Status JobRunner::Impl::Run() {
       }
       const int64_t window = sync ? N : P_;
       st = WaitUntil([&] { return in_flight_ < window; });
-      // The epoch's last microbatch flushes the pipeline (1F1B cool-down).
-      if (st.ok()) {
-        st = SendMicrobatch(*train, order, j * mbs, mbs, next_id++, v1::TRAIN,
-                            j + 1 == microbatches);
-      }
+      if (st.ok()) st = SendMicrobatch(*train, order, j * mbs, mbs, next_id++, v1::TRAIN);
       if (st.ok()) ++in_flight_;
       if (st.ok() && sync && (j + 1) % N == 0) st = WaitUntil([&] { return in_flight_ == 0; });
     }

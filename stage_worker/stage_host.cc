@@ -31,7 +31,9 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
   host->runtime_ = std::move(*runtime);
   host->metrics_ = std::move(metrics);
   host->metrics_->Update(host->runtime_->Stats());
-  host->fill_depth_ = a.num_stages() - a.stage();
+  if (a.steps_per_epoch() < 1) {
+    return absl::InvalidArgumentError("steps_per_epoch: required, >= 1 (the plan's length)");
+  }
   if (!host->runtime_->is_last()) {
     if (a.downstream_address().empty()) {
       return absl::InvalidArgumentError(
@@ -157,7 +159,7 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
       }
       metrics_->received_activation_bytes->Increment(msg.activation().data().size());
       std::lock_guard<std::mutex> lock(mu_);
-      activations_.push_back(Event{false, msg.microbatch(), msg.phase(), msg.flush(), *t});
+      activations_.push_back(Event{false, msg.microbatch(), msg.phase(), *t});
     }
     cv_.notify_all();
   }
@@ -208,7 +210,7 @@ void StageHost::DownstreamReadLoop() {
     metrics_->received_gradient_bytes->Increment(msg.gradient().data().size());
     {
       std::lock_guard<std::mutex> lock(mu_);
-      gradients_.push_back(Event{true, msg.microbatch(), v1::TRAIN, false, *t});
+      gradients_.push_back(Event{true, msg.microbatch(), v1::TRAIN, *t});
     }
     cv_.notify_all();
   }
@@ -234,28 +236,28 @@ bool StageHost::NextEvent(Event* event) {
   while (!stopping_) {
     auto act = ready_activation();
     const bool have_act = act != activations_.end();
-    const bool have_grad = !gradients_.empty();
-    bool take_grad = false, take_act = false;
-    if (runtime_->synchronous_now()) {
-      // gpipe, or a warm-up: forwards first; the flush after N microbatches
-      // comes from the coordinator and the last stage's deferred backwards.
-      take_act = have_act;
-      take_grad = !have_act && have_grad;
-    } else if (outstanding_ >= fill_depth_ || cooling_) {
-      take_grad = have_grad;  // 1F1B: the backward is due
-    } else {
-      take_act = have_act;  // filling the pipeline, or the forward after a backward
-    }
-    // EVAL runs only on a drained pipeline; it never waits for 1F1B.
-    if (!take_act && !take_grad && have_act && act->phase == v1::EVAL && outstanding_ == 0) {
-      take_act = true;
-    }
-    if (take_grad) {
-      *event = std::move(gradients_.front());
-      gradients_.pop_front();
-      return true;
-    }
-    if (take_act) {
+    if (in_epoch()) {
+      // Exactly the input the plan's next action needs (the last stage runs
+      // its backwards right after the forward the plan puts before them).
+      const Action& next = plan_[next_action_];
+      if (next.op == Action::Op::kForward && have_act && act->phase == v1::TRAIN) {
+        *event = std::move(*act);
+        activations_.erase(act);
+        return true;
+      }
+      if (next.op == Action::Op::kBackward) {
+        const uint64_t id = id_of_[next.index];
+        for (auto it = gradients_.begin(); it != gradients_.end(); ++it) {
+          if (it->microbatch == id) {
+            *event = std::move(*it);
+            gradients_.erase(it);
+            return true;
+          }
+        }
+      }
+    } else if (have_act) {
+      // Between epochs: evaluation on the drained pipeline, or the first
+      // microbatch of the next epoch.
       *event = std::move(*act);
       activations_.erase(act);
       return true;
@@ -294,8 +296,14 @@ absl::Status StageHost::Process(const Event& event) {
 absl::Status StageHost::HandleActivation(const Event& event) {
   const bool train = event.phase != v1::EVAL;
   if (train) {
+    if (!in_epoch()) {
+      if (auto st = StartEpoch(); !st.ok()) return st;
+    }
+    if (auto st = Advance(Action::Op::kForward, event.microbatch); !st.ok()) return st;
     ++outstanding_;
-    if (event.flush) cooling_ = true;
+  } else if (in_epoch() || outstanding_ > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("evaluation microbatch ", event.microbatch, " arrived during an epoch"));
   }
   auto forward_start = std::chrono::steady_clock::now();
   auto observe_forward = [&] {
@@ -310,7 +318,6 @@ absl::Status StageHost::HandleActivation(const Event& event) {
     v1::StageMessage msg;
     msg.set_microbatch(event.microbatch);
     msg.set_phase(event.phase);
-    msg.set_flush(event.flush);
     auto wire = FromTorch(*out);
     if (!wire.ok()) return wire.status();
     *msg.mutable_activation() = std::move(*wire);
@@ -334,35 +341,88 @@ absl::Status StageHost::HandleActivation(const Event& event) {
   msg.mutable_result()->set_correct(result->correct);
   msg.mutable_result()->set_count(result->count);
   if (auto st = Send(Side::kTargets, msg); !st.ok()) return st;
-  if (!train) return absl::OkStatus();
-  if (!runtime_->synchronous_now()) {
-    return BackwardAndSendUp(event.microbatch, torch::Tensor());
+  // Last stage: the backwards the plan puts next (1F1B: this one; gpipe:
+  // the step's N after its N-th forward) need no input from anyone.
+  while (in_epoch() && plan_[next_action_].op == Action::Op::kBackward) {
+    const uint64_t id = id_of_[plan_[next_action_].index];
+    if (auto st = BackwardAndSendUp(id, torch::Tensor()); !st.ok()) return st;
   }
-  // gpipe (or a warm-up): all N forwards of the step, then the N backwards.
-  deferred_backwards_.push_back(event.microbatch);
-  if (static_cast<int>(deferred_backwards_.size()) < runtime_->microbatches_per_step()) {
-    return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::Status StageHost::StartEpoch() {
+  const int64_t first_step = runtime_->Stats().steps;
+  PlanOptions options{assignment_.schedule().type(),
+                      assignment_.num_stages(),
+                      assignment_.schedule().microbatches_per_step(),
+                      assignment_.steps_per_epoch(),
+                      first_step,
+                      assignment_.warmup_steps()};
+  auto plan = BuildPlan(options);
+  if (!plan.ok()) return plan.status();
+  if (auto st = ValidatePlan(*plan); !st.ok()) return st;
+  plan_ = std::move(plan->actions[assignment_.stage()]);
+  next_action_ = 0;
+  epoch_first_step_ = first_step;
+  forwarded_in_epoch_ = 0;
+  id_of_.clear();
+  index_of_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status StageHost::Advance(Action::Op op, uint64_t microbatch) {
+  const int stage = assignment_.stage();
+  int64_t index;
+  if (op == Action::Op::kForward) {
+    index = ++forwarded_in_epoch_;
+    id_of_[index] = microbatch;
+    index_of_[microbatch] = index;
+  } else {
+    auto it = index_of_.find(microbatch);
+    index = it == index_of_.end() ? -1 : it->second;
   }
-  std::vector<uint64_t> todo;
-  todo.swap(deferred_backwards_);
-  for (uint64_t mb : todo) {
-    if (auto st = BackwardAndSendUp(mb, torch::Tensor()); !st.ok()) return st;
+  const Action ran{stage, op, index};
+  if (!in_epoch()) {
+    return absl::InternalError(
+        absl::StrCat("stage ", stage, " ran ", FormatAction(ran), " after its epoch's plan ended"));
+  }
+  if (!(plan_[next_action_] == ran)) {
+    return absl::InternalError(absl::StrCat("stage ", stage, " ran ", FormatAction(ran),
+                                            " (microbatch ", microbatch, ") where its plan says ",
+                                            FormatAction(plan_[next_action_])));
+  }
+  ++next_action_;
+  return absl::OkStatus();
+}
+
+absl::Status StageHost::PassUpdates() {
+  const int64_t steps = runtime_->Stats().steps;
+  while (in_epoch() && plan_[next_action_].op == Action::Op::kUpdate) {
+    const Action& u = plan_[next_action_];
+    if (steps != epoch_first_step_ + u.index) {
+      return absl::InternalError(
+          absl::StrCat("stage ", assignment_.stage(), ": the plan's ", FormatAction(u), " is step ",
+                       epoch_first_step_ + u.index, " but the stage has applied ", steps));
+    }
+    ++next_action_;
   }
   return absl::OkStatus();
 }
 
 absl::Status StageHost::BackwardAndSendUp(uint64_t microbatch, const torch::Tensor& grad_output) {
+  if (auto st = Advance(Action::Op::kBackward, microbatch); !st.ok()) return st;
   const auto start = std::chrono::steady_clock::now();
   const int64_t steps_before = runtime_->Stats().steps;
   auto grad_input = runtime_->Backward(microbatch, grad_output);
   if (!grad_input.ok()) return grad_input.status();
+  if (auto st = PassUpdates(); !st.ok()) return st;
   double seconds = SecondsSince(start);
   const StageStats stats = runtime_->Stats();
   if (stats.steps > steps_before) seconds = std::max(0.0, seconds - stats.last_step_seconds);
   metrics_->backward_seconds->Observe(seconds);
   metrics_->backwards->Increment();
   metrics_->Update(stats);  // observes the optimizer step, if one ran
-  if (--outstanding_ == 0) cooling_ = false;
+  --outstanding_;
   v1::StageMessage msg;
   msg.set_microbatch(microbatch);
   msg.set_phase(v1::TRAIN);

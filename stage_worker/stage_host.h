@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "pipeline/schedule.h"
 #include "pipeline/stage_runtime.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
 #include "stage_worker/stage_metrics.h"
@@ -72,7 +73,6 @@ class StageHost {
     bool gradient = false;  // else an activation
     uint64_t microbatch = 0;
     v1::Phase phase = v1::TRAIN;
-    bool flush = false;
     torch::Tensor tensor;
   };
   enum class Side { kNone, kUpstream, kDownstream, kTargets };
@@ -111,14 +111,25 @@ class StageHost {
   std::string error_;
   std::mutex write_mu_;  // one writer at a time per host keeps ordering simple
 
-  std::vector<uint64_t> deferred_backwards_;  // gpipe, last stage; compute thread only
-  // 1F1B order of the asynchronous schedules (compute thread only): at most `fill_depth_` = P - i
-  // forwards outstanding; once there, one backward then one forward. This
-  // makes τ_i = P - 1 - i exact whatever the timing. `cooling_` = the flush
-  // microbatch was forwarded: run the remaining backwards.
-  int outstanding_ = 0;
-  int fill_depth_ = 1;
-  bool cooling_ = false;
+  // The order of work is the plan (pipeline/schedule.h): this stage's
+  // actions for the epoch in progress, and the next one to run. A stage
+  // waits for exactly the input its next action needs. Plan indices are the
+  // epoch's TRAIN microbatches in arrival order. Compute thread only.
+  std::vector<Action> plan_;  // empty or done: between epochs
+  size_t next_action_ = 0;
+  int64_t epoch_first_step_ = 0;
+  int64_t forwarded_in_epoch_ = 0;
+  std::map<int64_t, uint64_t> id_of_;     // plan index -> microbatch id
+  std::map<uint64_t, int64_t> index_of_;  // microbatch id -> plan index
+  int outstanding_ = 0;                   // TRAIN forwards not yet backwarded
+  bool in_epoch() const { return next_action_ < plan_.size(); }
+  // Builds this epoch's plan from the runtime's step count.
+  absl::Status StartEpoch();
+  // Checks that `op` on `microbatch` is the plan's next action and moves
+  // past it (for a forward, numbers the microbatch).
+  absl::Status Advance(Action::Op op, uint64_t microbatch);
+  // Moves past the steps (U) the runtime has just applied, checking them.
+  absl::Status PassUpdates();
 
   std::atomic<bool> stopping_{false};
   std::atomic<bool> failed_{false};

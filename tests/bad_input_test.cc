@@ -112,6 +112,7 @@ TEST(BadInput, WorkerRejectsMalformedTensorsWithoutCrashing) {
   a.mutable_optimizer()->set_lr(0.1);
   a.mutable_schedule()->set_type("pipemare");
   a.mutable_schedule()->set_microbatches_per_step(1);
+  a.set_steps_per_epoch(1);
   {
     v1::LoadStageResponse resp;
     auto ctx = ContextWithDeadline(10);
