@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "client/commands.h"
 #include "client/local.h"
+#include "client/simulate.h"
 
 namespace pipemare::client {
 namespace {
@@ -68,6 +69,23 @@ int Main(int argc, char** argv) {
                         "Write the services' /metrics addresses to this file, as Prometheus "
                         "file_sd targets (e.g. deploy/prometheus/targets/local.json)");
 
+  SimulateOptions simulate;
+  CLI::App* simulate_cmd = app.add_subcommand(
+      "simulate",
+      "Print each stage's plan for the job and its predicted utilization (runs nothing)");
+  simulate_cmd->add_option("FILE", simulate.spec_file, "Job spec file")->required();
+  simulate_cmd->add_option("--steps", simulate.steps, "Optimizer steps in the simulated epoch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  simulate_cmd->add_option("--show", simulate.show, "Actions printed per stage (0 = all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  simulate_cmd
+      ->add_option("--backward-cost", simulate.backward_cost,
+                   "Cost of a backward relative to a forward")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -83,6 +101,7 @@ int Main(int argc, char** argv) {
   if (*cancel) return RunCancel(options, job_id);
   if (*workers) return RunWorkers(options);
   if (*local_cmd) return RunLocal(options, local);
+  if (*simulate_cmd) return RunSimulate(simulate);
   return kExitBadInput;
 }
 

@@ -157,6 +157,20 @@ TEST(EndToEnd, PipeMareTrainsWithAdamWClippingAndAStepSchedule) {
   }
 }
 
+TEST(EndToEnd, SimulatePrintsEachStagesPlanForAnExampleAndRefusesABadOne) {
+  const std::string ctl = BinDir() + "/pipemarectl";
+  const std::string examples = std::string(PIPEMARE_SOURCE_DIR) + "/examples/";
+  auto ok =
+      pipemare::testing::Run({ctl, "simulate", examples + "mnist_pipemare.yaml", "--steps", "20"});
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(absl::StrContains(ok.out, "stage 3: 3F1 3B1 3U1 3F2")) << ok.out;
+  EXPECT_TRUE(absl::StrContains(ok.out, "predicted mean utilization")) << ok.out;
+  auto bad =
+      pipemare::testing::Run({ctl, "simulate", examples + "mnist_pipemare.yaml", "--steps", "0"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(bad.err, "--steps")) << bad.err;
+}
+
 TEST(EndToEnd, SecondJobWaitsInPendingThenRuns) {
   Cluster cluster(2);
   ASSERT_TRUE(cluster.ok());

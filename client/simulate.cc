@@ -1,0 +1,73 @@
+#include "client/simulate.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "client/commands.h"
+#include "client/format.h"
+#include "pipeline/schedule.h"
+
+namespace pipemare::client {
+
+absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
+                                             const SimulateOptions& options) {
+  if (options.steps < 1) return absl::InvalidArgumentError("--steps: must be >= 1");
+  if (!(options.backward_cost > 0)) {
+    return absl::InvalidArgumentError("--backward-cost: must be > 0 (a forward costs 1)");
+  }
+  const auto& s = spec.schedule();
+  const int64_t warmup =
+      s.warmup_steps() > 0 ? s.warmup_steps()
+                           : static_cast<int64_t>(std::llround(s.warmup_epochs() * options.steps));
+  PlanOptions plan_options{s.type(),      s.stages(), s.microbatches_per_step(),
+                           options.steps, 0,          warmup};
+  auto plan = BuildPlan(plan_options);
+  if (!plan.ok()) return plan.status();
+  if (auto st = ValidatePlan(*plan); !st.ok()) return st;
+  plan_options.schedule = "gpipe";
+  auto gpipe = BuildPlan(plan_options);
+  if (!gpipe.ok()) return gpipe.status();
+
+  const Prediction p = PredictPlan(*plan, 1, options.backward_cost);
+  const Prediction g = PredictPlan(*gpipe, 1, options.backward_cost);
+  const int P = s.stages(), N = s.microbatches_per_step();
+  std::string out = Format("plan: %s, P=%d stages, N=%d microbatches per step, %lld steps",
+                           s.type().c_str(), P, N, static_cast<long long>(options.steps));
+  if (s.type() != "gpipe" && warmup > 0) {
+    absl::StrAppend(&out, ", synchronous warm-up for the first ", warmup, " steps");
+  }
+  absl::StrAppend(&out, "\n\n", FormatPlan(*plan, options.show), "\n");
+  TextTable table({"STAGE", "TAU", "MEAN-DELAY", "UTILIZATION"});
+  for (int c = 0; c < 4; ++c) table.AlignRight(c);
+  for (int i = 0; i < P; ++i) {
+    const StagePrediction& st = p.stages[i];
+    table.AddRow({Format("%d", i), Format("%d", st.max_delay), Format("%.2f", st.mean_delay),
+                  Format("%.1f%%", 100 * st.utilization)});
+  }
+  absl::StrAppend(&out, table.Render());
+  absl::StrAppend(
+      &out,
+      Format("\npredicted mean utilization %.1f%%; gpipe on the same pipeline %.1f%% "
+             "(N/(N+P-1) = %.1f%%); throughput %.2fx gpipe's\n",
+             100 * p.mean_utilization, 100 * g.mean_utilization, 100.0 * N / (N + P - 1),
+             g.makespan / p.makespan),
+      Format("(model of time: a forward costs 1 and a backward %.3g per microbatch on every "
+             "stage; steps and transfers are free)\n",
+             options.backward_cost));
+  return out;
+}
+
+int RunSimulate(const SimulateOptions& options) {
+  absl::StatusOr<v1::JobSpec> spec = LoadValidSpec(options.spec_file);
+  if (!spec.ok()) return kExitBadInput;
+  auto report = RenderSimulation(*spec, options);
+  if (!report.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(report.status().message()).c_str());
+    return kExitBadInput;
+  }
+  std::fputs(report->c_str(), stdout);
+  return kExitOk;
+}
+
+}  // namespace pipemare::client
