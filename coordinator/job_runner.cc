@@ -59,8 +59,8 @@ class JobRunner::Impl {
     std::mutex write_mu;
   };
 
-  absl::Status LoadStages(const std::vector<StageRange>& ranges, int64_t anneal_steps,
-                          int64_t warmup_steps);
+  // Loads every stage, last first (each opens its stream to the next).
+  absl::Status LoadStages(std::vector<v1::StageAssignment> assignments);
   absl::Status OpenFeed(Feed& feed, int stage, v1::StreamOpen::Role role);
   void ReadFeed(Feed* feed, const std::string& what);
   void CloseFeeds();
@@ -116,27 +116,13 @@ absl::Status JobRunner::Run() {
   return impl.Run();
 }
 
-absl::Status JobRunner::Impl::LoadStages(const std::vector<StageRange>& ranges,
-                                         int64_t anneal_steps, int64_t warmup_steps) {
+absl::Status JobRunner::Impl::LoadStages(std::vector<v1::StageAssignment> assignments) {
   for (int i = 0; i < P_; ++i) {
     stubs_.push_back(v1::StageWorker::NewStub(MakeChannel(r_.workers_[i].address())));
   }
   // Last stage first: each stage opens its stream to the next on load.
   for (int i = P_ - 1; i >= 0; --i) {
-    v1::StageAssignment a;
-    a.set_job_id(r_.job_id_);
-    a.set_stage(i);
-    a.set_num_stages(P_);
-    a.set_first_unit(ranges[i].first_unit);
-    a.set_units(ranges[i].units);
-    *a.mutable_model() = spec_.model();
-    *a.mutable_optimizer() = spec_.optimizer();
-    *a.mutable_schedule() = spec_.schedule();
-    a.set_seed(spec_.train().seed());
-    a.set_lr_anneal_steps(anneal_steps);
-    a.set_warmup_steps(warmup_steps);
-    a.set_steps_per_epoch(steps_per_epoch_);
-    a.set_total_steps(total_steps_);
+    v1::StageAssignment& a = assignments[i];
     if (i + 1 < P_) a.set_downstream_address(r_.workers_[i + 1].address());
     v1::LoadStageResponse resp;
     auto ctx = ContextWithDeadline(60);
@@ -404,17 +390,10 @@ absl::Status JobRunner::Impl::Run() {
         " microbatches of ", mbs, "; use more data or smaller schedule.microbatch_size"));
   }
   total_steps_ = steps_per_epoch_ * spec_.train().epochs();
-  const int64_t anneal_steps =
-      sched.lr_anneal_steps() > 0
-          ? sched.lr_anneal_steps()
-          : static_cast<int64_t>(std::llround(sched.lr_anneal_epochs() * steps_per_epoch_));
-
+  auto assignments = ResolveStageAssignments(spec_, r_.job_id_, steps_per_epoch_);
+  if (!assignments.ok()) return assignments.status();
   // T3: synchronous for the first W steps (asynchronous schedules only).
-  const int64_t warmup_steps =
-      sched.type() == "gpipe" ? 0
-      : sched.warmup_steps() > 0
-          ? sched.warmup_steps()
-          : static_cast<int64_t>(std::llround(sched.warmup_epochs() * steps_per_epoch_));
+  const int64_t warmup_steps = assignments->front().warmup_steps();
   // The schedule as data: refuse a plan that cannot run before any stage loads.
   {
     PlanOptions plan{sched.type(), P_, N, steps_per_epoch_, 0, warmup_steps};
@@ -422,7 +401,7 @@ absl::Status JobRunner::Impl::Run() {
     absl::Status valid = built.ok() ? ValidatePlan(*built) : built.status();
     if (!valid.ok()) return valid;
   }
-  absl::Status st = LoadStages(*ranges, anneal_steps, warmup_steps);
+  absl::Status st = LoadStages(std::move(*assignments));
   if (st.ok()) st = OpenFeed(target_feed_, P_ - 1, v1::StreamOpen::TARGET_FEED);
   if (st.ok()) st = OpenFeed(input_feed_, 0, v1::StreamOpen::INPUT_FEED);
   if (!st.ok()) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
+#include "pipeline/partition.h"
 
 namespace pipemare {
 namespace {
@@ -359,6 +360,42 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (t.epochs() < 1 || t.epochs() > 100000)
     return Bad("train.epochs", "required, an integer in 1..100000");
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(const v1::JobSpec& spec,
+                                                                         const std::string& job_id,
+                                                                         int64_t steps_per_epoch) {
+  if (steps_per_epoch < 1) {
+    return absl::InvalidArgumentError("steps_per_epoch: must be >= 1");
+  }
+  const auto& sched = spec.schedule();
+  auto ranges = PartitionUniform(ModelUnitCount(spec.model()), sched.stages());
+  if (!ranges.ok()) return ranges.status();
+  auto in_steps = [&](int64_t steps, double epochs) {
+    return steps > 0 ? steps : static_cast<int64_t>(std::llround(epochs * steps_per_epoch));
+  };
+  const int64_t anneal_steps = in_steps(sched.lr_anneal_steps(), sched.lr_anneal_epochs());
+  const int64_t warmup_steps =
+      sched.type() == "gpipe" ? 0 : in_steps(sched.warmup_steps(), sched.warmup_epochs());
+  std::vector<v1::StageAssignment> out;
+  for (int i = 0; i < sched.stages(); ++i) {
+    v1::StageAssignment a;
+    a.set_job_id(job_id);
+    a.set_stage(i);
+    a.set_num_stages(sched.stages());
+    a.set_first_unit((*ranges)[i].first_unit);
+    a.set_units((*ranges)[i].units);
+    *a.mutable_model() = spec.model();
+    *a.mutable_optimizer() = spec.optimizer();
+    *a.mutable_schedule() = sched;
+    a.set_seed(spec.train().seed());
+    a.set_lr_anneal_steps(anneal_steps);
+    a.set_warmup_steps(warmup_steps);
+    a.set_steps_per_epoch(steps_per_epoch);
+    a.set_total_steps(steps_per_epoch * spec.train().epochs());
+    out.push_back(std::move(a));
+  }
+  return out;
 }
 
 }  // namespace pipemare

@@ -5,6 +5,7 @@
 #define PIPEMARE_PIPELINE_JOB_SPEC_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,6 +31,14 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // The optimizer part of ValidateJobSpec (errors name optimizer.*), after
 // defaults; workers check their assignment's optimizer with it too.
 absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& optimizer);
+
+// What each stage of a validated job is told, given the epoch length:
+// its units (uniform partition), the model, optimizer and schedule, and the
+// job's step counts resolved (total steps, T1's K and T3's W in steps;
+// gpipe has no warm-up). Stage i's downstream_address is left empty.
+absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(const v1::JobSpec& spec,
+                                                                         const std::string& job_id,
+                                                                         int64_t steps_per_epoch);
 
 // Number of pipeline units the model has (for an MLP: layers - 1).
 int ModelUnitCount(const v1::ModelSpec& model);

@@ -69,7 +69,8 @@ absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int
 }
 
 absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::StageAssignment& a,
-                                                                   torch::Device device) {
+                                                                   torch::Device device,
+                                                                   torch::Dtype dtype) {
   if (a.num_stages() < 1) return Bad("num_stages", "must be >= 1");
   if (a.stage() < 0 || a.stage() >= a.num_stages()) {
     return Bad("stage", absl::StrCat(a.stage(), " is not in 0..", a.num_stages() - 1));
@@ -88,7 +89,7 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
     auto m = BuildUnits(a.model(), a.first_unit(), a.units(), a.seed());
     if (m.ok()) {
       module = *m;
-      module->to(device);
+      module->to(device, dtype);
     } else
       throw std::invalid_argument(std::string(m.status().message()));
   });
@@ -348,7 +349,8 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
         kind_ == ScheduleKind::kPipeDream || kind_ == ScheduleKind::kGPipe ? saved.step
                                                                            : stats_.steps;
     UpdateMemoryLocked();
-    delay_sum_ += static_cast<double>(stats_.steps - saved.step);
+    stats_.last_delay = stats_.steps - saved.step;
+    delay_sum_ += static_cast<double>(stats_.last_delay);
     ++delay_count_;
     ++stats_.backwards;
     stats_.t2_correction_norm = std::sqrt(correction_sq);

@@ -71,6 +71,7 @@ struct StageStats {
   // Mean optimizer steps between forward and backward, over the backwards
   // since the switch to asynchronous execution (all, without a warm-up).
   double measured_delay = 0;
+  int64_t last_delay = 0;        // steps between the last backward's microbatch's forward and it
   int64_t async_from_step = -1;  // step of the switch after a warm-up; -1: none yet
   double learning_rate = 0;      // at the last step, after T1
   int64_t parameters = 0;
@@ -99,8 +100,11 @@ class StageRuntime {
   // Validates the assignment (unit range, schedule, optimizer) and builds the
   // stage. Errors name the assignment field.
   // The stage's weights, optimizer state and saved inputs live on `device`.
+  // Weights are float32 unless `dtype` says otherwise (the exactness tests
+  // run in float64).
   static absl::StatusOr<std::unique_ptr<StageRuntime>> Create(const v1::StageAssignment& a,
-                                                              torch::Device device = torch::kCPU);
+                                                              torch::Device device = torch::kCPU,
+                                                              torch::Dtype dtype = torch::kFloat32);
 
   StageRuntime(const StageRuntime&) = delete;
   StageRuntime& operator=(const StageRuntime&) = delete;

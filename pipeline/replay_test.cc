@@ -1,0 +1,323 @@
+// Exactness: the pipeline (PipelineHarness: the workers' stage runtimes,
+// following their plans) against Replay, a one-process reading of the
+// algorithm notes (../shared/docs/pipemare-algorithm.md, docs/algorithm.md)
+// that shares no code with the runtime but the paper's formulas. float64,
+// fixed seeds, relative tolerance 1e-6.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "pipeline/harness.h"
+#include "pipeline/job_spec.h"
+#include "pipeline/lr_schedule.h"
+#include "pipeline/partition.h"
+#include "pipeline/pipemare_math.h"
+
+namespace pipemare {
+namespace {
+
+// ---------------------------------------------------------------------------
+// The replay. One epoch of M = K·N microbatches, in order. Stage i's weights
+// have versions 0, 1, 2, ... (one per optimizer step); every stage has
+// applied floor((m-1)/N) steps when the backward of microbatch m reaches it.
+//   forward of m at stage i, at version:
+//     synchronous (gpipe, warm-up steps):  floor((m-1)/N)
+//     1F1B (pipemare, pipedream, async):   floor(b/N), b = the backwards the
+//       stage has run before it: m0 + max(0, m - m0 - (P - i)), where m0 is
+//       the number of synchronous microbatches before the 1F1B part
+//   backward of m at stage i, at weights:
+//     gpipe, async, warm-up:  the current ones
+//     pipedream:              the forward's version
+//     pipemare:               T2's u_bkwd = w - τ_i δ (the current w and δ)
+//   after every N-th microbatch each stage steps: SGD with the base schedule,
+//   times T1's τ_i^-(1 - min((k - W)/K, 1)) after the warm-up (pipemare);
+//   then T2's δ follows the change of the weights.
+struct ReplayStage {
+  torch::nn::Sequential module;
+  std::unique_ptr<torch::optim::SGD> sgd;
+  std::vector<std::vector<torch::Tensor>> versions;  // weights after 0, 1, ... steps
+  std::vector<torch::Tensor> velocity;               // T2's δ
+  std::vector<torch::Tensor> grad_sum;               // this step's accumulated gradient
+  int tau = 0;
+};
+
+void Load(torch::nn::Sequential& module, const std::vector<torch::Tensor>& w) {
+  torch::NoGradGuard no_grad;
+  auto params = module->parameters();
+  for (size_t j = 0; j < params.size(); ++j) params[j].copy_(w[j]);
+}
+
+std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t steps,
+                                               const std::vector<torch::Tensor>& inputs,
+                                               const std::vector<torch::Tensor>& targets) {
+  const auto& s = spec.schedule();
+  const std::string type = s.type();
+  const int P = s.stages();
+  const int64_t N = s.microbatches_per_step(), M = steps * N;
+  const bool async = type != "gpipe";
+  const int64_t W = async ? s.warmup_steps() : 0;
+  const int64_t K = type == "pipemare" ? s.lr_anneal_steps() : 0;
+  const bool t2 = type == "pipemare" && s.has_discrepancy_decay() && s.discrepancy_decay() >= 0;
+  const LrSchedule alpha = LrScheduleFromSpec(spec.optimizer(), steps * spec.train().epochs());
+  auto ranges = *PartitionUniform(static_cast<int>(spec.model().layers_size()) - 1, P);
+
+  std::vector<ReplayStage> stages(P);
+  for (int i = 0; i < P; ++i) {
+    ReplayStage& st = stages[i];
+    st.module =
+        *BuildUnits(spec.model(), ranges[i].first_unit, ranges[i].units, spec.train().seed());
+    st.module->to(torch::kFloat64);
+    st.sgd = std::make_unique<torch::optim::SGD>(st.module->parameters(),
+                                                 torch::optim::SGDOptions(spec.optimizer().lr())
+                                                     .momentum(spec.optimizer().momentum())
+                                                     .weight_decay(spec.optimizer().weight_decay())
+                                                     .nesterov(spec.optimizer().nesterov()));
+    std::vector<torch::Tensor> w0;
+    for (const auto& p : st.module->parameters()) {
+      w0.push_back(p.detach().clone());
+      st.velocity.push_back(torch::zeros_like(p));
+      st.grad_sum.push_back(torch::zeros_like(p));
+    }
+    st.versions.push_back(w0);
+    st.tau = async ? AnalyticDelay(P, i, static_cast<int>(N)) : 0;
+  }
+  const int64_t m0 = std::min(W * N, M);  // synchronous microbatches
+  for (int64_t m = 1; m <= M; ++m) {
+    const int64_t now = (m - 1) / N;  // steps applied before this backward
+    const bool sync = !async || m <= m0;
+    std::vector<int64_t> forward_version(P);
+    std::vector<torch::Tensor> x(P + 1);
+    x[0] = inputs[m - 1];
+    for (int i = 0; i < P; ++i) {
+      const int64_t b = sync ? m - 1 : m0 + std::max<int64_t>(0, m - m0 - (P - i));
+      forward_version[i] = sync ? now : b / N;
+      Load(stages[i].module, stages[i].versions[forward_version[i]]);
+      torch::NoGradGuard no_grad;
+      x[i + 1] = stages[i].module->forward(x[i]);
+    }
+    torch::Tensor g;
+    for (int i = P - 1; i >= 0; --i) {
+      ReplayStage& st = stages[i];
+      std::vector<torch::Tensor> u = st.versions[now];
+      if (!sync && type == "pipedream") u = st.versions[forward_version[i]];
+      if (!sync && t2 && st.tau >= 1) {
+        for (size_t j = 0; j < u.size(); ++j) {
+          u[j] = T2BackwardWeights(st.versions[now][j], st.velocity[j], st.tau);
+        }
+      }
+      Load(st.module, u);
+      st.module->zero_grad();
+      torch::Tensor xi = x[i].detach().requires_grad_(i > 0);
+      torch::Tensor out = st.module->forward(xi);
+      if (i == P - 1) {
+        (torch::nn::functional::cross_entropy(out, targets[m - 1]) / static_cast<double>(N))
+            .backward();
+      } else {
+        out.backward(g);
+      }
+      auto params = st.module->parameters();
+      for (size_t j = 0; j < params.size(); ++j) st.grad_sum[j] += params[j].grad();
+      if (i > 0) g = xi.grad();
+    }
+    if (m % N != 0) continue;
+    const int64_t k = now;  // the step being applied
+    for (ReplayStage& st : stages) {
+      const double a = BaseLearningRate(alpha, k);
+      const double lr = k < W ? a : T1LearningRate(a, k - W, K, st.tau);
+      for (auto& group : st.sgd->param_groups()) group.options().set_lr(lr);
+      Load(st.module, st.versions.back());
+      auto params = st.module->parameters();
+      for (size_t j = 0; j < params.size(); ++j) {
+        params[j].mutable_grad() = st.grad_sum[j].clone();
+        st.grad_sum[j].zero_();
+      }
+      st.sgd->step();
+      std::vector<torch::Tensor> w;
+      for (size_t j = 0; j < params.size(); ++j) {
+        w.push_back(params[j].detach().clone());
+        if (t2) {
+          st.velocity[j] = T2Velocity(st.velocity[j], w[j], st.versions.back()[j],
+                                      T2Gamma(s.discrepancy_decay(), st.tau));
+        }
+      }
+      st.versions.push_back(w);
+    }
+  }
+  std::vector<std::vector<torch::Tensor>> out;
+  for (auto& st : stages) out.push_back(st.versions.back());
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+
+constexpr int64_t kSteps = 12;
+constexpr int64_t kBatch = 4;
+
+v1::JobSpec Spec(const std::string& type, int P, int N) {
+  v1::JobSpec spec;
+  spec.set_name("exact");
+  auto* m = spec.mutable_model();
+  m->set_type("mlp");
+  for (int w : {6, 5, 5, 4, 4, 3}) m->add_layers(w);  // 5 units
+  m->set_activation("tanh");
+  spec.mutable_data()->set_type("mnist");
+  spec.mutable_data()->set_path("unused");
+  auto* o = spec.mutable_optimizer();
+  o->set_type("sgd");
+  o->set_lr(0.2);
+  o->set_momentum(0.9);  // optimizer state in play
+  o->set_lr_schedule("cosine");
+  auto* s = spec.mutable_schedule();
+  s->set_type(type);
+  s->set_stages(P);
+  s->set_microbatch_size(kBatch);
+  s->set_microbatches_per_step(N);
+  s->set_lr_anneal_steps(8);
+  s->set_discrepancy_decay(0.1);
+  spec.mutable_train()->set_epochs(1);
+  spec.mutable_train()->set_seed(7);
+  return spec;
+}
+
+struct Data {
+  std::vector<torch::Tensor> inputs, targets;
+};
+Data MakeData(int64_t microbatches) {
+  Data d;
+  torch::manual_seed(2021);
+  for (int64_t m = 0; m < microbatches; ++m) {
+    d.inputs.push_back(torch::randn({kBatch, 6}, torch::kFloat64));
+    d.targets.push_back(torch::randint(0, 3, {kBatch}, torch::kInt64));
+  }
+  return d;
+}
+
+std::vector<std::vector<torch::Tensor>> HarnessWeights(PipelineHarness& h) {
+  std::vector<std::vector<torch::Tensor>> out;
+  for (int i = 0; i < h.stages(); ++i) {
+    std::vector<torch::Tensor> w;
+    for (const auto& p : h.stage(i).Parameters()) w.push_back(p.detach().clone());
+    out.push_back(w);
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> Flatten(const std::vector<std::vector<torch::Tensor>>& stages) {
+  std::vector<torch::Tensor> all;
+  for (const auto& s : stages) all.insert(all.end(), s.begin(), s.end());
+  return all;
+}
+
+void ExpectClose(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t j = 0; j < a.size(); ++j) {
+    EXPECT_TRUE(torch::allclose(a[j], b[j], /*rtol=*/1e-6, /*atol=*/1e-12))
+        << "tensor " << j << " max diff " << (a[j] - b[j]).abs().max().item<double>();
+  }
+}
+
+// Trains one epoch of `spec` through the harness; checks it against the
+// replay, and that its weights moved (a test that cannot pass vacuously).
+void ExpectHarnessEqualsReplay(const v1::JobSpec& spec) {
+  const int64_t M = kSteps * spec.schedule().microbatches_per_step();
+  const Data d = MakeData(M);
+  auto h = PipelineHarness::Create(spec, kSteps, torch::kFloat64);
+  ASSERT_TRUE(h.ok()) << h.status();
+  const auto before = Flatten(HarnessWeights(**h));
+  auto losses = (*h)->TrainEpoch(d.inputs, d.targets);
+  ASSERT_TRUE(losses.ok()) << losses.status();
+  const auto after = Flatten(HarnessWeights(**h));
+  EXPECT_GT((after[0] - before[0]).abs().max().item<double>(), 1e-3);
+  ExpectClose(after, Flatten(Replay(spec, kSteps, d.inputs, d.targets)));
+}
+
+TEST(ExactnessTest, GPipeAcrossStagesEqualsTheUnpartitionedModel) {
+  for (int N : {1, 3}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N);
+    const Data d = MakeData(kSteps * N);
+    auto whole = PipelineHarness::Create(Spec("gpipe", 1, N), kSteps, torch::kFloat64);
+    auto cut = PipelineHarness::Create(Spec("gpipe", 5, N), kSteps, torch::kFloat64);
+    ASSERT_TRUE(whole.ok() && cut.ok());
+    ExpectClose(Flatten(HarnessWeights(**cut)), Flatten(HarnessWeights(**whole)));  // at start
+    ASSERT_TRUE((*whole)->TrainEpoch(d.inputs, d.targets).ok());
+    ASSERT_TRUE((*cut)->TrainEpoch(d.inputs, d.targets).ok());
+    ExpectClose(Flatten(HarnessWeights(**cut)), Flatten(HarnessWeights(**whole)));
+    ExpectHarnessEqualsReplay(Spec("gpipe", 5, N));
+  }
+}
+
+TEST(ExactnessTest, PipeDreamEqualsItsReplayAndEveryBackwardUsedItsStash) {
+  for (int N : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N);
+    ExpectHarnessEqualsReplay(Spec("pipedream", 5, N));
+  }
+  // Version ids: each backward differentiated at the version its forward saw.
+  const v1::JobSpec spec = Spec("pipedream", 5, 1);
+  const Data d = MakeData(kSteps);
+  auto h = PipelineHarness::Create(spec, kSteps, torch::kFloat64);
+  ASSERT_TRUE(h.ok());
+  std::vector<std::map<int64_t, int64_t>> forward_version(5);
+  ASSERT_TRUE(
+      (*h)->TrainEpoch(d.inputs, d.targets,
+                       [&](const Action& a) {
+                         const StageStats st = (*h)->stage(a.stage).Stats();
+                         if (a.op == Action::Op::kForward) {
+                           forward_version[a.stage][a.index] = st.steps;
+                         } else if (a.op == Action::Op::kBackward) {
+                           EXPECT_EQ(st.last_backward_version, forward_version[a.stage][a.index])
+                               << FormatAction(a);
+                         }
+                       })
+          .ok());
+}
+
+TEST(ExactnessTest, AsyncAndPipeMareEqualTheirReplays) {
+  for (const char* type : {"async", "pipemare"}) {
+    for (int N : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << type << " N=" << N);
+      ExpectHarnessEqualsReplay(Spec(type, 5, N));
+    }
+  }
+}
+
+TEST(ExactnessTest, PipeMareWithWarmupEqualsItsReplay) {
+  v1::JobSpec spec = Spec("pipemare", 5, 1);
+  spec.mutable_schedule()->set_warmup_steps(4);
+  ExpectHarnessEqualsReplay(spec);
+}
+
+TEST(ExactnessTest, MeasuredDelayIsTheAnalyticTauInSteadyState) {
+  for (const char* type : {"async", "pipemare", "pipedream"}) {
+    const v1::JobSpec spec = Spec(type, 5, 1);
+    const Data d = MakeData(kSteps);
+    auto h = PipelineHarness::Create(spec, kSteps, torch::kFloat64);
+    ASSERT_TRUE(h.ok());
+    int checked = 0;
+    ASSERT_TRUE(
+        (*h)->TrainEpoch(
+                d.inputs, d.targets,
+                [&](const Action& a) {
+                  // Steady state: past the fill, before the cool-down.
+                  if (a.op != Action::Op::kBackward || a.index < 5 || a.index > kSteps - 5) {
+                    return;
+                  }
+                  EXPECT_EQ((*h)->stage(a.stage).Stats().last_delay, AnalyticDelay(5, a.stage, 1))
+                      << type << " " << FormatAction(a);
+                  ++checked;
+                })
+            .ok());
+    EXPECT_EQ(checked, 5 * (kSteps - 9));  // backwards 5..kSteps-5 on every stage
+  }
+}
+
+TEST(ExactnessTest, HarnessRefusesTheWrongNumberOfMicrobatches) {
+  auto h = PipelineHarness::Create(Spec("pipemare", 2, 1), kSteps, torch::kFloat64);
+  ASSERT_TRUE(h.ok());
+  const Data d = MakeData(3);
+  auto r = (*h)->TrainEpoch(d.inputs, d.targets);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("an epoch takes 12"));
+}
+
+}  // namespace
+}  // namespace pipemare
