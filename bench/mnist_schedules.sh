@@ -12,18 +12,8 @@ spec=${1:-$root/examples/mnist_pipemare.yaml}
 shift || true
 seeds=(1 2 3)
 [ $# -gt 0 ] && seeds=("$@")
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 stages=$(grep -oE 'stages: *[0-9]+' "$spec" | grep -oE '[0-9]+')
-"$bin/pipemare-coordinator" --listen 127.0.0.1:0 --address-file "$work/addr" \
-  --metrics-listen 127.0.0.1:0 2>"$work/coord.log" &
-for _ in $(seq 50); do [ -s "$work/addr" ] && break; sleep 0.1; done
-addr=$(cat "$work/addr")
-for i in $(seq "$stages"); do
-  "$bin/pipemare-worker" --coordinator "$addr" --listen 127.0.0.1:0 --threads 1 \
-    --metrics-listen 127.0.0.1:0 2>"$work/w$i.log" &
-done
-sleep 3
+source "$root/bench/cluster.sh" "$stages"
 cd "$root"
 echo "| schedule | seed | test accuracy | s/epoch | samples/s |"
 echo "|---|---|---|---|---|"

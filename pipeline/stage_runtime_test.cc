@@ -223,6 +223,20 @@ TEST(StageRuntimeGPipeTest, AccumulatesNMicrobatchesIntoOneSgdStep) {
   ExpectAllClose(rt->Parameters(), expected, 1e-5, 1e-6);
 }
 
+// One step of two microbatches (ids 2k+1, 2k+2) through a single-stage
+// runtime; returns the same step's loss on `ref`, for a reference optimizer.
+torch::Tensor TwoMicrobatchStep(StageRuntime& rt, torch::nn::Sequential& ref, int step) {
+  const uint64_t m1 = 2 * step + 1, m2 = 2 * step + 2;
+  const torch::Tensor x1 = Inputs(200 + m1), y1 = Targets(300 + m1);
+  const torch::Tensor x2 = Inputs(200 + m2), y2 = Targets(300 + m2);
+  EXPECT_TRUE(rt.ForwardLoss(m1, x1, y1, true).ok());
+  EXPECT_TRUE(rt.ForwardLoss(m2, x2, y2, true).ok());
+  EXPECT_TRUE(rt.Backward(m1, torch::Tensor()).ok());
+  EXPECT_TRUE(rt.Backward(m2, torch::Tensor()).ok());
+  return torch::nn::functional::cross_entropy(ref->forward(x1), y1) / 2 +
+         torch::nn::functional::cross_entropy(ref->forward(x2), y2) / 2;
+}
+
 TEST(StageRuntimeGPipeTest, MomentumMatchesTorchSgdOverTwoSteps) {
   v1::StageAssignment a = SingleStage("gpipe", 2);
   a.mutable_optimizer()->set_momentum(0.9);
@@ -232,18 +246,10 @@ TEST(StageRuntimeGPipeTest, MomentumMatchesTorchSgdOverTwoSteps) {
   torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 
   for (int step = 0; step < 2; ++step) {
-    const uint64_t m1 = 2 * step + 1, m2 = 2 * step + 2;
-    const torch::Tensor x1 = Inputs(200 + m1), y1 = Targets(300 + m1);
-    const torch::Tensor x2 = Inputs(200 + m2), y2 = Targets(300 + m2);
-    ASSERT_TRUE(rt->ForwardLoss(m1, x1, y1, true).ok());
-    ASSERT_TRUE(rt->ForwardLoss(m2, x2, y2, true).ok());
-    ASSERT_TRUE(rt->Backward(m1, torch::Tensor()).ok());
-    ASSERT_TRUE(rt->Backward(m2, torch::Tensor()).ok());
+    const torch::Tensor loss_of_ref = TwoMicrobatchStep(*rt, ref, step);
 
     sgd.zero_grad();
-    torch::Tensor loss = torch::nn::functional::cross_entropy(ref->forward(x1), y1) / 2 +
-                         torch::nn::functional::cross_entropy(ref->forward(x2), y2) / 2;
-    loss.backward();
+    loss_of_ref.backward();
     sgd.step();
     EXPECT_EQ(rt->Stats().steps, step + 1);
     ExpectAllClose(rt->Parameters(), ref->parameters(), 1e-5, 1e-6);
@@ -955,18 +961,10 @@ void ExpectMatchesTorch(const std::string& type, Options options) {
   Optimizer opt(ref->parameters(),
                 options.betas(std::make_tuple(0.8, 0.99)).eps(1e-7).weight_decay(0.05));
   for (int step = 0; step < 4; ++step) {
-    const uint64_t m1 = 2 * step + 1, m2 = 2 * step + 2;
-    const torch::Tensor x1 = Inputs(200 + m1), y1 = Targets(300 + m1);
-    const torch::Tensor x2 = Inputs(200 + m2), y2 = Targets(300 + m2);
-    ASSERT_TRUE(rt->ForwardLoss(m1, x1, y1, true).ok());
-    ASSERT_TRUE(rt->ForwardLoss(m2, x2, y2, true).ok());
-    ASSERT_TRUE(rt->Backward(m1, torch::Tensor()).ok());
-    ASSERT_TRUE(rt->Backward(m2, torch::Tensor()).ok());
+    const torch::Tensor loss_of_ref = TwoMicrobatchStep(*rt, ref, step);
 
     opt.zero_grad();
-    torch::Tensor loss = torch::nn::functional::cross_entropy(ref->forward(x1), y1) / 2 +
-                         torch::nn::functional::cross_entropy(ref->forward(x2), y2) / 2;
-    loss.backward();
+    loss_of_ref.backward();
     const double norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5);
     const double lr = 0.01 * std::pow(0.5, step / 2);
     for (auto& group : opt.param_groups()) group.options().set_lr(lr);

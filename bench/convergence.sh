@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The paper's comparison on our system: a fine-grained MLP on MNIST with one
+# stage per layer, every schedule with the same hyperparameters and epochs,
+# through real worker processes (one coordinator, max(P) workers, loopback).
+#
+#   bench/convergence.sh [OUT_DIR]          (default out/convergence)
+#
+# Knobs (environment): PS="8 16", NS="1 4", OPTIMIZERS="momentum plain",
+# SCHEDULES="gpipe pipemare pipedream async", EPOCHS=2, TRAIN_LIMIT=20000,
+# TEST_LIMIT=5000, WIDTH=128, LR_MOMENTUM=0.05, LR_PLAIN=0.2.
+# "momentum" is SGD with momentum 0.9; "plain" is SGD without momentum.
+#
+# For each run it writes OUT_DIR/NAME.status.json (the final job status),
+# OUT_DIR/NAME.curve (step and training loss, polled from the job while it
+# runs) and OUT_DIR/NAME.metrics (each stage's busy and idle seconds, scraped
+# from the workers' /metrics). bench/convergence_report.py turns them into
+# the Markdown table of docs/benchmarks.md; bench/convergence.gp into
+# docs/convergence.png.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${BIN_DIR:-$root/build/bin}
+out=${1:-$root/out/convergence}
+PS=${PS:-"8 16"}
+NS=${NS:-"1 4"}
+OPTIMIZERS=${OPTIMIZERS:-"momentum plain"}
+SCHEDULES=${SCHEDULES:-"gpipe pipemare pipedream async"}
+EPOCHS=${EPOCHS:-2}
+TRAIN_LIMIT=${TRAIN_LIMIT:-20000}
+TEST_LIMIT=${TEST_LIMIT:-5000}
+WIDTH=${WIDTH:-128}
+LR_MOMENTUM=${LR_MOMENTUM:-0.05}
+LR_PLAIN=${LR_PLAIN:-0.2}
+mkdir -p "$out"
+max_p=0
+for p in $PS; do [ "$p" -gt "$max_p" ] && max_p=$p; done
+source "$root/bench/cluster.sh" "$max_p"
+ctl() { "$bin/pipemarectl" --coordinator "$addr" "$@"; }
+
+layers() {  # 784, P-1 hidden layers of WIDTH, 10: P units
+  local p=$1 s="784"
+  for _ in $(seq $((p - 1))); do s="$s, $WIDTH"; done
+  echo "[$s, 10]"
+}
+
+cd "$root"
+for p in $PS; do
+  for n in $NS; do
+    for opt in $OPTIMIZERS; do
+      if [ "$opt" = momentum ]; then
+        optimizer="{type: sgd, lr: $LR_MOMENTUM, momentum: 0.9, lr_schedule: cosine}"
+      else
+        optimizer="{type: sgd, lr: $LR_PLAIN, lr_schedule: cosine}"
+      fi
+      for schedule in $SCHEDULES; do
+        name="p${p}-n${n}-${opt}-${schedule}"
+        cat >"$work/spec.yaml" <<EOF
+name: $name
+model: {type: mlp, layers: $(layers "$p"), activation: relu}
+data: {type: mnist, path: data/mnist, train_limit: $TRAIN_LIMIT, test_limit: $TEST_LIMIT}
+optimizer: $optimizer
+schedule: {type: $schedule, stages: $p, microbatch_size: 64, microbatches_per_step: $n,
+           lr_anneal_epochs: 1, discrepancy_decay: 0.1}
+train: {epochs: $EPOCHS, seed: 1}
+EOF
+        id=$(ctl submit "$work/spec.yaml" --output json |
+          python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+        : >"$out/$name.curve"
+        while true; do
+          ctl status "$id" --output json >"$work/status.json" 2>/dev/null || continue
+          python3 - "$work/status.json" "$out/$name.curve" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+step = int(s.get("progress", {}).get("step", 0))
+loss = s.get("metrics", {}).get("train_loss")
+if loss and step > 0:
+    with open(sys.argv[2], "a") as f:
+        f.write("%d %.6g\n" % (step, loss))
+PY
+          state=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["state"])' \
+            "$work/status.json")
+          case "$state" in SUCCEEDED | FAILED | CANCELLED) break ;; esac
+          sleep 0.5
+        done
+        cp "$work/status.json" "$out/$name.status.json"
+        # Each stage's busy and idle seconds, from the workers that ran it.
+        : >"$out/$name.metrics"
+        for target in $(ctl workers --output json | python3 -c '
+import json, sys
+for w in json.load(sys.stdin).get("workers", []):
+    if w.get("metrics_address"): print(w["metrics_address"])'); do
+          curl -s "http://$target/metrics" |
+            grep -E "^pipemare_stage_(busy|idle)_seconds_total\{job_id=\"$id\"" \
+              >>"$out/$name.metrics" || true
+        done
+        echo "$name: $state" >&2
+      done
+    done
+  done
+done
