@@ -55,7 +55,7 @@ for p in $PS; do
         name="p${p}-n${n}-${opt}-${schedule}"
         cat >"$work/spec.yaml" <<EOF
 name: $name
-model: {type: mlp, layers: $(layers "$p"), activation: relu}
+model: {type: mlp, layers: $(layers "$p"), activation: relu, init: he}
 data: {type: mnist, path: data/mnist, train_limit: $TRAIN_LIMIT, test_limit: $TEST_LIMIT}
 optimizer: $optimizer
 schedule: {type: $schedule, stages: $p, microbatch_size: 64, microbatches_per_step: $n,

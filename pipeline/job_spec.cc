@@ -227,6 +227,7 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
 
 void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (spec.model().activation().empty()) spec.mutable_model()->set_activation("relu");
+  if (spec.model().init().empty()) spec.mutable_model()->set_init("torch");
   if (spec.optimizer().type().empty()) spec.mutable_optimizer()->set_type("sgd");
   if (spec.optimizer().lr_schedule().empty()) spec.mutable_optimizer()->set_lr_schedule("constant");
   auto* s = spec.mutable_schedule();
@@ -304,6 +305,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       !st.ok()) {
     return st;
   }
+  if (auto st = OneOf("model.init", m.init(), {"torch", "he"}); !st.ok()) return st;
   // data
   const auto& d = spec.data();
   if (auto st = OneOf("data.type", d.type(), {"mnist"}); !st.ok()) return st;

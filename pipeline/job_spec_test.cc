@@ -366,6 +366,8 @@ TEST(JobSpecValidateTest, OtherBadEnumValues) {
                 "model.activation", "relu, tanh, gelu, sigmoid");
   ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_data()->set_type("cifar"); }),
                 "data.type", "mnist");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_model()->set_init("xavier"); }),
+                "model.init", "torch, he");
   ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_optimizer()->set_type("rmsprop"); }),
                 "optimizer.type", "sgd, adam, adamw");
 }

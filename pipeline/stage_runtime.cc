@@ -62,7 +62,13 @@ absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int
   for (int u = first_unit; u < first_unit + units; ++u) {
     // Seeding per unit makes initial weights independent of the partition.
     torch::manual_seed(static_cast<uint64_t>(seed) * 1000003ULL + static_cast<uint64_t>(u));
-    seq->push_back(torch::nn::Linear(model.layers(u), model.layers(u + 1)));
+    torch::nn::Linear linear(model.layers(u), model.layers(u + 1));
+    if (model.init() == "he") {
+      torch::NoGradGuard no_grad;
+      torch::nn::init::kaiming_normal_(linear->weight, 0, torch::kFanIn, torch::kReLU);
+      linear->bias.zero_();
+    }
+    seq->push_back(linear);
     if (u + 1 < total) seq->push_back(Activation(model.activation()));
   }
   return seq;

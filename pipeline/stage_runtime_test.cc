@@ -130,6 +130,26 @@ TEST(BuildUnitsTest, WeightsDoNotDependOnThePartition) {
   EXPECT_TRUE(torch::allclose(whole->forward(x), chained, 1e-6, 1e-7));
 }
 
+TEST(BuildUnitsTest, HeInitKeepsTheSignalOfADeepReluMlp) {
+  v1::ModelSpec model = Mlp({784, 512, 512, 10});
+  model.set_init("he");
+  torch::nn::Sequential he = MustBuild(model, 0, 3);
+  auto params = he->parameters();
+  EXPECT_NEAR(params[0].std().item<double>(), std::sqrt(2.0 / 784), 0.02 * std::sqrt(2.0 / 784));
+  EXPECT_EQ(params[1].abs().max().item<double>(), 0) << "zero biases";
+  // Partition-independent like the default.
+  auto second = MustBuild(model, 1, 1)->parameters();
+  EXPECT_TRUE(torch::equal(second[0], params[2]));
+  // The signal through 2 ReLU layers keeps its scale (torch's default shrinks it).
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  const torch::Tensor x = torch::randn({256, 784});
+  const double he_scale = he->forward(x).std().item<double>();
+  const double torch_scale =
+      MustBuild(Mlp({784, 512, 512, 10}), 0, 3)->forward(x).std().item<double>();
+  EXPECT_GT(he_scale, 3 * torch_scale);
+}
+
 TEST(BuildUnitsTest, SeedChangesWeights) {
   const v1::ModelSpec model = Mlp({4, 3, 3, 2});
   auto a = MustBuild(model, 0, 3, 1)->parameters();
