@@ -415,12 +415,6 @@ void StageRuntime::Step() {
   UpdateMemoryLocked();
 }
 
-bool StageRuntime::synchronous_now() const {
-  if (kind_ == ScheduleKind::kGPipe) return true;
-  std::lock_guard<std::mutex> lock(stats_mu_);
-  return stats_.steps < warmup_steps_;
-}
-
 StageStats StageRuntime::Stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
   return stats_;

@@ -58,10 +58,6 @@ struct StageMemory {
   int64_t t2_velocity = 0;        // T2's δ
   int64_t stash = 0;              // stashed weight versions (pipedream)
   int64_t saved_activations = 0;  // stage inputs (and targets) kept for backwards
-
-  // Weights, optimizer state, T2 velocity and stash: the paper's memory
-  // measure (activations not counted).
-  int64_t WeightsAndOptimizer() const { return weights + optimizer_state + t2_velocity + stash; }
 };
 
 struct StageStats {
@@ -112,9 +108,6 @@ class StageRuntime {
   bool is_first() const { return stage_ == 0; }
   bool is_last() const { return stage_ == num_stages_ - 1; }
   ScheduleKind schedule() const { return kind_; }
-  // True while the stage runs synchronously: always for gpipe, during the
-  // warm-up for the others. The stage host orders its work by this.
-  bool synchronous_now() const;
   int microbatches_per_step() const { return microbatches_per_step_; }
 
   torch::Device device() const { return device_; }
