@@ -300,8 +300,7 @@ absl::Status StageHost::HandleActivation(const Event& event) {
       if (auto st = StartEpoch(); !st.ok()) return st;
     }
     if (auto st = Advance(Action::Op::kForward, event.microbatch); !st.ok()) return st;
-    ++outstanding_;
-  } else if (in_epoch() || outstanding_ > 0) {
+  } else if (in_epoch()) {  // a plan ends with every backward done: drained
     return absl::FailedPreconditionError(
         absl::StrCat("evaluation microbatch ", event.microbatch, " arrived during an epoch"));
   }
@@ -422,7 +421,6 @@ absl::Status StageHost::BackwardAndSendUp(uint64_t microbatch, const torch::Tens
   metrics_->backward_seconds->Observe(seconds);
   metrics_->backwards->Increment();
   metrics_->Update(stats);  // observes the optimizer step, if one ran
-  --outstanding_;
   v1::StageMessage msg;
   msg.set_microbatch(microbatch);
   msg.set_phase(v1::TRAIN);

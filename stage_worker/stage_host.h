@@ -121,7 +121,6 @@ class StageHost {
   int64_t forwarded_in_epoch_ = 0;
   std::map<int64_t, uint64_t> id_of_;     // plan index -> microbatch id
   std::map<uint64_t, int64_t> index_of_;  // microbatch id -> plan index
-  int outstanding_ = 0;                   // TRAIN forwards not yet backwarded
   bool in_epoch() const { return next_action_ < plan_.size(); }
   // Builds this epoch's plan from the runtime's step count.
   absl::Status StartEpoch();
