@@ -7,7 +7,9 @@
 #
 # Knobs (environment): PS="8 16", NS="1 4", OPTIMIZERS="momentum plain",
 # SCHEDULES="gpipe pipemare pipedream async", EPOCHS=2, TRAIN_LIMIT=20000,
-# TEST_LIMIT=5000, WIDTH=128, LR_MOMENTUM=0.05, LR_PLAIN=0.2.
+# TEST_LIMIT=5000, WIDTH=128, LR_MOMENTUM=0.05, LR_PLAIN=0.2, WARMUP_EPOCHS=0
+# (T3: that many synchronous epochs first; the asynchronous schedules only,
+# and runs are then named with a "-wN" suffix).
 # "momentum" is SGD with momentum 0.9; "plain" is SGD without momentum.
 #
 # For each run it writes OUT_DIR/NAME.status.json (the final job status),
@@ -30,6 +32,7 @@ TEST_LIMIT=${TEST_LIMIT:-5000}
 WIDTH=${WIDTH:-128}
 LR_MOMENTUM=${LR_MOMENTUM:-0.05}
 LR_PLAIN=${LR_PLAIN:-0.2}
+WARMUP_EPOCHS=${WARMUP_EPOCHS:-0}
 mkdir -p "$out"
 max_p=0
 for p in $PS; do [ "$p" -gt "$max_p" ] && max_p=$p; done
@@ -53,13 +56,18 @@ for p in $PS; do
       fi
       for schedule in $SCHEDULES; do
         name="p${p}-n${n}-${opt}-${schedule}"
+        warmup=""
+        if [ "$WARMUP_EPOCHS" != 0 ] && [ "$schedule" != gpipe ]; then
+          warmup=", warmup_epochs: $WARMUP_EPOCHS"
+          name="$name-w$WARMUP_EPOCHS"
+        fi
         cat >"$work/spec.yaml" <<EOF
 name: $name
 model: {type: mlp, layers: $(layers "$p"), activation: relu, init: he}
 data: {type: mnist, path: data/mnist, train_limit: $TRAIN_LIMIT, test_limit: $TEST_LIMIT}
 optimizer: $optimizer
 schedule: {type: $schedule, stages: $p, microbatch_size: 64, microbatches_per_step: $n,
-           lr_anneal_epochs: 1, discrepancy_decay: 0.1}
+           lr_anneal_epochs: 1, discrepancy_decay: 0.1$warmup}
 train: {epochs: $EPOCHS, seed: 1}
 EOF
         id=$(ctl submit "$work/spec.yaml" --output json |

@@ -409,8 +409,10 @@ absl::Status JobRunner::Impl::Run() {
     ReleaseStages();
     return st;
   }
-  // Asynchronous 1F1B keeps P microbatches in flight; gpipe (and a warm-up)
-  // sends N and waits for all N backwards (the flush) before the next step.
+  // Asynchronous 1F1B keeps P microbatches in flight, plus one prefetched so
+  // that stage 0 never waits a round trip to the coordinator for its next
+  // input; gpipe (and a warm-up) sends N and waits for all N backwards (the
+  // flush) before the next step.
   const bool gpipe = sched.type() == "gpipe";
   const int64_t eval_mbs = std::max<int64_t>(mbs, 256);
   uint64_t next_id = 1;
@@ -435,7 +437,7 @@ absl::Status JobRunner::Impl::Run() {
                 absl::StrCat("synchronous warm-up done after ", warmup_steps,
                              " steps; switching to asynchronous ", sched.type()));
       }
-      const int64_t window = sync ? N : P_;
+      const int64_t window = sync ? N : P_ + 1;
       st = WaitUntil([&] { return in_flight_ < window; });
       if (st.ok()) st = SendMicrobatch(*train, order, j * mbs, mbs, next_id++, v1::TRAIN);
       if (st.ok()) ++in_flight_;

@@ -355,6 +355,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (s.has_discrepancy_decay() && s.discrepancy_decay() >= 1) {
     return Bad("schedule.discrepancy_decay", "must be in [0, 1) (negative = T2 off)");
   }
+  if (!s.wire_dtype().empty() && s.wire_dtype() != "float32" && s.wire_dtype() != "float16" &&
+      s.wire_dtype() != "bfloat16") {
+    return Bad("schedule.wire_dtype", absl::StrCat("'", s.wire_dtype(),
+                                                   "' is not allowed; allowed: float32 (default), "
+                                                   "float16, bfloat16"));
+  }
   // T1 and T2 fields are accepted and ignored by every schedule but
   // pipemare, so a user can flip schedule.type on the same file and compare.
   // train

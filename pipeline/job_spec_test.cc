@@ -320,6 +320,17 @@ TEST(JobSpecValidateTest, GpipeWithPipeMareKnobsIsAccepted) {
       ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_type("gpipe"); }).ok());
 }
 
+TEST(JobSpecValidateTest, WireDtype) {
+  for (const char* ok : {"", "float32", "float16", "bfloat16"}) {
+    EXPECT_TRUE(
+        ValidateMutated([&](v1::JobSpec& s) { s.mutable_schedule()->set_wire_dtype(ok); }).ok())
+        << ok;
+  }
+  ExpectInvalid(
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_wire_dtype("fp8"); }),
+      "schedule.wire_dtype", "allowed: float32");
+}
+
 struct MissingCase {
   const char* path;
   std::function<void(v1::JobSpec&)> clear;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/job_spec.h"
@@ -38,7 +39,30 @@ torch::nn::AnyModule Activation(const std::string& name) {
   return torch::nn::AnyModule(torch::nn::ReLU());
 }
 
+// The virtual device's stand-in for compute.
+void Busy(double seconds) {
+  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
 }  // namespace
+
+absl::StatusOr<VirtualDevice> ParseVirtualDevice(const std::string& text, const std::string& flag) {
+  const size_t comma = text.find(',');
+  double ms[2];
+  bool ok = comma != std::string::npos;
+  for (int i = 0; ok && i < 2; ++i) {
+    const std::string part = i == 0 ? text.substr(0, comma) : text.substr(comma + 1);
+    char* end = nullptr;
+    ms[i] = std::strtod(part.c_str(), &end);
+    ok = !part.empty() && end == part.c_str() + part.size() && std::isfinite(ms[i]) && ms[i] >= 0;
+  }
+  if (!ok) {
+    return Bad(flag, absl::StrCat("'", text,
+                                  "' is not FWD_MS,BWD_MS (milliseconds of forward and backward "
+                                  "per unit, each >= 0), e.g. 2,4"));
+  }
+  return VirtualDevice{true, ms[0] / 1000, ms[1] / 1000};
+}
 
 absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& type) {
   if (type == "gpipe") return ScheduleKind::kGPipe;
@@ -76,7 +100,8 @@ absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int
 
 absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::StageAssignment& a,
                                                                    torch::Device device,
-                                                                   torch::Dtype dtype) {
+                                                                   torch::Dtype dtype,
+                                                                   VirtualDevice virtual_device) {
   if (a.num_stages() < 1) return Bad("num_stages", "must be >= 1");
   if (a.stage() < 0 || a.stage() >= a.num_stages()) {
     return Bad("stage", absl::StrCat(a.stage(), " is not in 0..", a.num_stages() - 1));
@@ -100,7 +125,7 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
       throw std::invalid_argument(std::string(m.status().message()));
   });
   if (!built.ok()) return built;
-  return std::unique_ptr<StageRuntime>(new StageRuntime(a, *kind, module, device));
+  return std::unique_ptr<StageRuntime>(new StageRuntime(a, *kind, module, device, virtual_device));
 }
 
 namespace {
@@ -132,7 +157,8 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& 
 }  // namespace
 
 StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
-                           torch::nn::Sequential module, torch::Device device)
+                           torch::nn::Sequential module, torch::Device device,
+                           VirtualDevice virtual_device)
     : stage_(a.stage()),
       num_stages_(a.num_stages()),
       kind_(kind),
@@ -149,6 +175,8 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       t2_gamma_(T2Gamma(a.schedule().discrepancy_decay(), tau_)),
       stashing_(kind == ScheduleKind::kPipeDream && tau_ > 0),
       device_(device),
+      units_(a.units()),
+      virtual_(virtual_device),
       module_(std::move(module)) {
   optimizer_ = MakeOptimizer(a.optimizer(), module_->parameters());
   int64_t params = 0;
@@ -211,7 +239,19 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
   torch::Tensor out;
   absl::Status st = Guard(absl::StrCat("stage ", stage_, " forward").c_str(), [&] {
     torch::NoGradGuard no_grad;
-    out = module_->forward(input.to(device_));
+    if (!virtual_.enabled) {
+      out = module_->forward(input.to(device_));
+      return;
+    }
+    // One real forward per input shape learns (and checks) the output shape.
+    const std::vector<int64_t> in_shape = input.sizes().vec();
+    auto shape = virtual_out_shape_.find(in_shape);
+    if (shape == virtual_out_shape_.end()) {
+      torch::Tensor probe = module_->forward(torch::zeros_like(input).to(device_));
+      shape = virtual_out_shape_.emplace(in_shape, probe.sizes().vec()).first;
+    }
+    Busy(virtual_.forward_seconds_per_unit * units_);
+    out = torch::zeros(shape->second, module_->parameters()[0].options());
   });
   if (!st.ok()) return st;
   if (train) Remember(microbatch, input, torch::Tensor());
@@ -303,47 +343,55 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
   }
   torch::Tensor grad_input;
   double correction_sq = 0;
-  absl::Status st = Guard(absl::StrCat("stage ", stage_, " backward").c_str(), [&] {
-    auto params = module_->parameters();
-    std::vector<torch::Tensor> w_t;
-    // Restores w_t on every exit, also when the backward throws.
-    struct Restore {
-      std::vector<torch::Tensor>& params;
-      std::vector<torch::Tensor>& w_t;
-      ~Restore() {
-        torch::NoGradGuard no_grad;
-        for (size_t j = 0; j < w_t.size(); ++j) params[j].copy_(w_t[j]);
-      }
-    } restore{params, w_t};
-    auto u = BackwardWeights(saved);
-    if (!u.empty()) {
-      // Differentiate at u_bkwd, then restore w_t. Never in place under a
-      // live graph: the recompute below builds its graph after the swap.
-      torch::NoGradGuard no_grad;
-      torch::Tensor sq = torch::zeros({}, params[0].options().dtype(torch::kFloat64));
-      for (size_t j = 0; j < params.size(); ++j) {
-        w_t.push_back(params[j].detach().clone());
-        sq += (u[j] - w_t[j]).pow(2).sum();
-        params[j].copy_(u[j]);
-      }
-      correction_sq = sq.item<double>();  // one device sync per backward, not one per tensor
-    }
-    torch::Tensor x = saved.input.detach();
-    if (!is_first()) x.requires_grad_(true);
-    torch::Tensor out = module_->forward(x);
-    if (is_last()) {
-      torch::Tensor loss = torch::nn::functional::cross_entropy(out, saved.targets) /
-                           static_cast<double>(microbatches_per_step_);
-      loss.backward();
-    } else {
-      if (!grad_output.sizes().equals(out.sizes())) {
-        throw std::invalid_argument(absl::StrCat(
-            "gradient shape does not match the stage output of microbatch ", microbatch));
-      }
-      out.backward(grad_output.to(device_, out.scalar_type()));
-    }
-    if (!is_first()) grad_input = x.grad();
-  });
+  absl::Status st =
+      virtual_.enabled
+          ? Guard("virtual backward",
+                  [&] {
+                    Busy(virtual_.backward_seconds_per_unit * units_);
+                    if (!is_first()) grad_input = torch::zeros_like(saved.input);
+                  })
+          : Guard(absl::StrCat("stage ", stage_, " backward").c_str(), [&] {
+              auto params = module_->parameters();
+              std::vector<torch::Tensor> w_t;
+              // Restores w_t on every exit, also when the backward throws.
+              struct Restore {
+                std::vector<torch::Tensor>& params;
+                std::vector<torch::Tensor>& w_t;
+                ~Restore() {
+                  torch::NoGradGuard no_grad;
+                  for (size_t j = 0; j < w_t.size(); ++j) params[j].copy_(w_t[j]);
+                }
+              } restore{params, w_t};
+              auto u = BackwardWeights(saved);
+              if (!u.empty()) {
+                // Differentiate at u_bkwd, then restore w_t. Never in place under a
+                // live graph: the recompute below builds its graph after the swap.
+                torch::NoGradGuard no_grad;
+                torch::Tensor sq = torch::zeros({}, params[0].options().dtype(torch::kFloat64));
+                for (size_t j = 0; j < params.size(); ++j) {
+                  w_t.push_back(params[j].detach().clone());
+                  sq += (u[j] - w_t[j]).pow(2).sum();
+                  params[j].copy_(u[j]);
+                }
+                correction_sq =
+                    sq.item<double>();  // one device sync per backward, not one per tensor
+              }
+              torch::Tensor x = saved.input.detach();
+              if (!is_first()) x.requires_grad_(true);
+              torch::Tensor out = module_->forward(x);
+              if (is_last()) {
+                torch::Tensor loss = torch::nn::functional::cross_entropy(out, saved.targets) /
+                                     static_cast<double>(microbatches_per_step_);
+                loss.backward();
+              } else {
+                if (!grad_output.sizes().equals(out.sizes())) {
+                  throw std::invalid_argument(absl::StrCat(
+                      "gradient shape does not match the stage output of microbatch ", microbatch));
+                }
+                out.backward(grad_output.to(device_, out.scalar_type()));
+              }
+              if (!is_first()) grad_input = x.grad();
+            });
   if (!st.ok()) return st;  // saved_ keeps the microbatch: the stage fails anyway
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -384,16 +432,20 @@ void StageRuntime::Step() {
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
   auto params = module_->parameters();
   double grad_norm = 0;
-  if (grad_clip_norm_ > 0) {
+  if (virtual_.enabled) {
+    // No gradients to apply; the step is counted and T1's rate computed.
+  } else if (grad_clip_norm_ > 0) {
     grad_norm = torch::nn::utils::clip_grad_norm_(params, grad_clip_norm_);
   }
   std::vector<torch::Tensor> w_t;
-  if (t2_enabled_) {
+  if (t2_enabled_ && !virtual_.enabled) {
     for (const auto& p : params) w_t.push_back(p.detach().clone());
   }
-  optimizer_->step();
-  optimizer_->zero_grad();
-  if (t2_enabled_) {
+  if (!virtual_.enabled) {
+    optimizer_->step();
+    optimizer_->zero_grad();
+  }
+  if (t2_enabled_ && !virtual_.enabled) {
     torch::NoGradGuard no_grad;
     for (size_t j = 0; j < params.size(); ++j) {
       velocity_[j] = T2Velocity(velocity_[j], params[j].detach(), w_t[j], t2_gamma_);

@@ -85,6 +85,23 @@ struct StageStats {
   StageMemory peak_memory;  // the most of each kind held at any time
 };
 
+// The virtual device, for measuring pipelines larger than this machine: each
+// unit's forward and backward compute become a wait of a fixed duration (a
+// sleep, as if an accelerator were busy, so the CPU stays free). Everything
+// else is real: every message and its tensor shapes and bytes, the plan, the
+// step counts, the measured delays and T1's learning rates. The values are
+// not: outputs and gradients are zeros and the weights never change. For
+// speed benchmarks only (pipemare-worker --virtual-device).
+struct VirtualDevice {
+  bool enabled = false;
+  double forward_seconds_per_unit = 0;
+  double backward_seconds_per_unit = 0;
+};
+
+// "FWD_MS,BWD_MS" (milliseconds per unit, >= 0) -> an enabled VirtualDevice;
+// INVALID_ARGUMENT naming `flag` otherwise.
+absl::StatusOr<VirtualDevice> ParseVirtualDevice(const std::string& text, const std::string& flag);
+
 struct LossResult {
   double loss = 0;  // mean cross-entropy over the microbatch
   int64_t correct = 0;
@@ -100,7 +117,8 @@ class StageRuntime {
   // run in float64).
   static absl::StatusOr<std::unique_ptr<StageRuntime>> Create(const v1::StageAssignment& a,
                                                               torch::Device device = torch::kCPU,
-                                                              torch::Dtype dtype = torch::kFloat32);
+                                                              torch::Dtype dtype = torch::kFloat32,
+                                                              VirtualDevice virtual_device = {});
 
   StageRuntime(const StageRuntime&) = delete;
   StageRuntime& operator=(const StageRuntime&) = delete;
@@ -138,7 +156,7 @@ class StageRuntime {
 
  private:
   StageRuntime(const v1::StageAssignment& a, ScheduleKind kind, torch::nn::Sequential module,
-               torch::Device device);
+               torch::Device device, VirtualDevice virtual_device);
 
   struct Saved {
     torch::Tensor input;
@@ -176,6 +194,10 @@ class StageRuntime {
   // before any update, so it needs no stash).
   const bool stashing_;
   const torch::Device device_;
+  const int units_;
+  const VirtualDevice virtual_;
+  // Virtual device: output shape by input shape, from one real forward each.
+  std::map<std::vector<int64_t>, std::vector<int64_t>> virtual_out_shape_;
   torch::nn::Sequential module_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> velocity_;  // T2's δ, one per parameter

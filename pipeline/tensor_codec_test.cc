@@ -335,5 +335,45 @@ TEST(TorchCodecTest, FromTorchRejectsDTypesWithoutEncoding) {
   }
 }
 
+TEST(TorchCodecTest, TakeTorchAdoptsTheMessageBytesWithoutCopy) {
+  const std::vector<float> values = {1, 2, 3, 4, 5, 6};
+  v1::StageMessage msg;
+  *msg.mutable_activation() = MakeFloat32Tensor(values.data(), {2, 3});
+  const void* bytes = msg.activation().data().data();
+  auto t = TakeTorch(msg.mutable_activation());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->data_ptr(), bytes);  // zero copies on receive
+  EXPECT_TRUE(msg.activation().data().empty());
+  msg.Clear();  // the tensor owns the bytes now
+  EXPECT_TRUE(torch::equal(*t, torch::tensor(values).reshape({2, 3})));
+}
+
+TEST(TorchCodecTest, TakeTorchValidatesFirst) {
+  v1::Tensor wire = Wire(v1::FLOAT32, {2, 2}, 15);
+  auto t = TakeTorch(&wire);
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("16"));
+  EXPECT_EQ(wire.data().size(), 15u);  // a refused message is left alone
+}
+
+TEST(TorchCodecTest, WireDtypeHalvesTheBytesAndRoundTrips) {
+  EXPECT_EQ(WireScalarType(""), std::nullopt);
+  EXPECT_EQ(WireScalarType("float32"), std::nullopt);
+  torch::Tensor x = torch::linspace(-3, 3, 64).reshape({8, 8});
+  for (const char* name : {"float16", "bfloat16"}) {
+    auto wire = FromTorch(x, WireScalarType(name));
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    EXPECT_EQ(wire->data().size(), 64u * 2) << name;
+    auto back = TakeTorch(&*wire, torch::kFloat32);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::allclose(*back, x, /*rtol=*/1e-2, /*atol=*/1e-2)) << name;
+  }
+  // Integer payloads (targets) never change type.
+  auto ids = FromTorch(torch::arange(4), torch::kFloat16);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->dtype(), v1::INT64);
+}
+
 }  // namespace
 }  // namespace pipemare

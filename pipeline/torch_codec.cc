@@ -65,7 +65,30 @@ absl::StatusOr<torch::Tensor> ToTorch(const v1::Tensor& wire) {
   return t;
 }
 
-absl::StatusOr<v1::Tensor> FromTorch(const torch::Tensor& tensor) {
+absl::StatusOr<torch::Tensor> TakeTorch(v1::Tensor* wire, std::optional<torch::ScalarType> as) {
+  if (auto st = ValidateTensor(*wire); !st.ok()) return st;
+  std::vector<int64_t> shape(wire->shape().begin(), wire->shape().end());
+  const auto options = torch::TensorOptions().dtype(*TorchType(wire->dtype()));
+  // The tensor owns the string; heap strings are at least 16-byte aligned.
+  auto* bytes = new std::string(std::move(*wire->mutable_data()));
+  wire->clear_data();
+  torch::Tensor t = torch::from_blob(
+      bytes->data(), shape, [bytes](void*) { delete bytes; }, options);
+  if (as && t.is_floating_point() && t.scalar_type() != *as) t = t.to(*as);
+  return t;
+}
+
+std::optional<torch::ScalarType> WireScalarType(const std::string& wire_dtype) {
+  if (wire_dtype == "float16") return torch::kFloat16;
+  if (wire_dtype == "bfloat16") return torch::kBFloat16;
+  return std::nullopt;
+}
+
+absl::StatusOr<v1::Tensor> FromTorch(const torch::Tensor& tensor,
+                                     std::optional<torch::ScalarType> as) {
+  if (as && tensor.is_floating_point() && tensor.scalar_type() != *as) {
+    return FromTorch(tensor.detach().to(torch::kCPU).to(*as));
+  }
   const v1::DType dtype = WireDType(tensor.scalar_type());
   if (dtype == v1::DTYPE_UNSPECIFIED) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -3,7 +3,9 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
+#include <fstream>
 #include <iostream>
 #include <thread>
 
@@ -44,13 +46,28 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& s) {
   return absl::InvalidArgumentError(absl::StrCat("--device ", s, ": expected cpu, cuda or cuda:N"));
 }
 
+// LibTorch intra-op threads when --threads is 0: the CPUs this process may
+// use (its cgroup's CPU quota where one is set, e.g. a Kubernetes limit) split
+// evenly among the --workers-per-host workers sharing them, at least 1.
+int AutoThreads(int workers_per_host) {
+  double cpus = std::max(1u, std::thread::hardware_concurrency());
+  std::ifstream quota("/sys/fs/cgroup/cpu.max");  // cgroup v2: "max 100000" or "200000 100000"
+  std::string limit;
+  double period = 0;
+  if (quota >> limit >> period && limit != "max" && period > 0) {
+    cpus = std::min(cpus, std::max(1.0, std::stod(limit) / period));
+  }
+  return std::max(1, static_cast<int>(cpus) / std::max(1, workers_per_host));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"pipemare-worker: serves pipeline stages for a Pipemare coordinator"};
   std::string coordinator, listen = "0.0.0.0:0", advertise, device_flag = "cpu";
   std::string metrics_listen = "0.0.0.0:9461", log_format = "text";
-  int threads = 1;
+  int threads = 0, workers_per_host = 1;
+  std::string virtual_device_flag;
   double lost_after = 10;
   app.add_option("--coordinator", coordinator, "coordinator address host:port")->required();
   app.add_option("--listen", listen, "address to serve the StageWorker service on (port 0 = any)");
@@ -58,7 +75,17 @@ int main(int argc, char** argv) {
                  "address other workers and the coordinator use to reach this one "
                  "(default: the --listen host with the bound port)");
   app.add_option("--device", device_flag, "cpu, cuda or cuda:N");
-  app.add_option("--threads", threads, "LibTorch intra-op threads")->check(CLI::Range(1, 256));
+  app.add_option("--threads", threads,
+                 "LibTorch intra-op threads (0 = the CPUs available divided by "
+                 "--workers-per-host)")
+      ->check(CLI::Range(0, 256));
+  app.add_option("--workers-per-host", workers_per_host,
+                 "workers sharing this host's CPUs, for the --threads 0 default")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--virtual-device", virtual_device_flag,
+                 "FWD_MS,BWD_MS: benchmark mode; every unit's forward and backward "
+                 "compute become a wait of that many milliseconds (messages, shapes and "
+                 "the schedule stay real; values are zeros; weights do not change)");
   app.add_option("--coordinator-timeout", lost_after,
                  "seconds without reaching the coordinator before the current stage is dropped")
       ->check(CLI::PositiveNumber);
@@ -77,7 +104,18 @@ int main(int argc, char** argv) {
     pipemare::LogError(absl::StrCat("error: ", device.status().message()));
     return 2;
   }
+  if (threads == 0) threads = AutoThreads(workers_per_host);
   torch::set_num_threads(threads);
+  pipemare::VirtualDevice virtual_device;
+  if (!virtual_device_flag.empty()) {
+    auto v = pipemare::ParseVirtualDevice(virtual_device_flag, "--virtual-device");
+    if (!v.ok()) {
+      pipemare::LogError(absl::StrCat("error: ", v.status().message()));
+      return 2;
+    }
+    virtual_device = *v;
+    device_flag = absl::StrCat("virtual(", virtual_device_flag, " ms/unit)");
+  }
 
   pipemare::WorkerMetrics metrics(device_flag);
   std::unique_ptr<pipemare::MetricsServer> metrics_server;
@@ -89,7 +127,7 @@ int main(int argc, char** argv) {
     }
     metrics_server = std::move(*m);
   }
-  pipemare::WorkerService service(*device, "", &metrics);
+  pipemare::WorkerService service(*device, "", &metrics, virtual_device);
   int port = 0;
   auto started = pipemare::StartServer(listen, &service, &port, "--listen");
   if (!started.ok()) {

@@ -24,8 +24,9 @@ StageHost::StageHost(const v1::StageAssignment& a, const std::string& self_addre
 absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssignment& a,
                                                             torch::Device device,
                                                             const std::string& self_address,
-                                                            std::shared_ptr<StageMetrics> metrics) {
-  auto runtime = StageRuntime::Create(a, device);
+                                                            std::shared_ptr<StageMetrics> metrics,
+                                                            VirtualDevice virtual_device) {
+  auto runtime = StageRuntime::Create(a, device, torch::kFloat32, virtual_device);
   if (!runtime.ok()) return runtime.status();
   std::shared_ptr<StageHost> host(new StageHost(a, self_address));
   host->runtime_ = std::move(*runtime);
@@ -33,6 +34,27 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
   host->metrics_->Update(host->runtime_->Stats());
   if (a.steps_per_epoch() < 1) {
     return absl::InvalidArgumentError("steps_per_epoch: required, >= 1 (the plan's length)");
+  }
+  host->wire_dtype_ = WireScalarType(a.schedule().wire_dtype());
+  // The coordinator keeps at most P (+1 prefetched) microbatches in flight,
+  // so these bounds only bite on a misbehaving peer: then they push back.
+  const size_t window = static_cast<size_t>(a.num_stages()) + 2;
+  host->inbox_capacity_ = window;
+  for (Side side : {Side::kUpstream, Side::kDownstream, Side::kTargets}) {
+    StageHost* h = host.get();
+    host->outbox_[static_cast<int>(side)] = std::make_unique<Outbox>(
+        window, [h, side](const v1::StageMessage& m) { return h->WriteNow(side, m); },
+        [h, side] {
+          h->Fail(
+              absl::StrCat("stage ", h->assignment_.stage(), " (", h->self_address_, "): lost its ",
+                           side == Side::kDownstream
+                               ? absl::StrCat("downstream stage ", h->assignment_.stage() + 1,
+                                              " at ", h->assignment_.downstream_address())
+                           : side == Side::kTargets ? std::string("target feed")
+                                                    : std::string("upstream stream"),
+                           " while sending"),
+              side);
+        });
   }
   if (!host->runtime_->is_last()) {
     if (a.downstream_address().empty()) {
@@ -73,6 +95,9 @@ void StageHost::Stop() {
   }
   cv_.notify_all();
   if (downstream_) downstream_context_.TryCancel();
+  for (auto& outbox : outbox_) {
+    if (outbox) outbox->Close();
+  }
   if (compute_thread_.joinable() && compute_thread_.get_id() != std::this_thread::get_id()) {
     compute_thread_.join();
   }
@@ -138,12 +163,12 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
         why = "the target feed may only carry targets";
         break;
       }
-      auto t = ToTorch(msg.targets());
+      auto t = TakeTorch(msg.mutable_targets());
       if (!t.ok()) {
         why = absl::StrCat("targets of microbatch ", msg.microbatch(), ": ", t.status().message());
         break;
       }
-      metrics_->received_targets_bytes->Increment(msg.targets().data().size());
+      metrics_->received_targets_bytes->Increment(t->nbytes());
       std::lock_guard<std::mutex> lock(mu_);
       targets_[msg.microbatch()] = *t;
     } else {
@@ -151,14 +176,19 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
         why = "an upstream stream may only carry activations";
         break;
       }
-      auto t = ToTorch(msg.activation());
+      const int64_t bytes = msg.activation().data().size();
+      // Stage 0's input feed is float32 already; peers may send a wire dtype.
+      auto t = TakeTorch(msg.mutable_activation(),
+                         wire_dtype_ ? std::optional(torch::kFloat32) : std::nullopt);
       if (!t.ok()) {
         why =
             absl::StrCat("activation of microbatch ", msg.microbatch(), ": ", t.status().message());
         break;
       }
-      metrics_->received_activation_bytes->Increment(msg.activation().data().size());
-      std::lock_guard<std::mutex> lock(mu_);
+      metrics_->received_activation_bytes->Increment(bytes);
+      std::unique_lock<std::mutex> lock(mu_);
+      // A full inbox stops reading: backpressure on the sender.
+      cv_.wait(lock, [&] { return stopping_ || failed_ || activations_.size() < inbox_capacity_; });
       activations_.push_back(Event{false, msg.microbatch(), msg.phase(), *t});
     }
     cv_.notify_all();
@@ -173,7 +203,7 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
          side);
   }
   {
-    std::lock_guard<std::mutex> write_lock(write_mu_);
+    std::lock_guard<std::mutex> write_lock(write_mu_[static_cast<int>(side)]);
     std::lock_guard<std::mutex> lock(mu_);
     if (side == Side::kTargets) {
       targets_stream_ = nullptr;
@@ -201,13 +231,15 @@ void StageHost::DownstreamReadLoop() {
            Side::kDownstream);
       break;
     }
-    auto t = ToTorch(msg.gradient());
+    const int64_t bytes = msg.gradient().data().size();
+    auto t = TakeTorch(msg.mutable_gradient(),
+                       wire_dtype_ ? std::optional(torch::kFloat32) : std::nullopt);
     if (!t.ok()) {
       Fail(absl::StrCat("stage ", assignment_.stage(), ": gradient of microbatch ",
                         msg.microbatch(), ": ", t.status().message()));
       break;
     }
-    metrics_->received_gradient_bytes->Increment(msg.gradient().data().size());
+    metrics_->received_gradient_bytes->Increment(bytes);
     {
       std::lock_guard<std::mutex> lock(mu_);
       gradients_.push_back(Event{true, msg.microbatch(), v1::TRAIN, *t});
@@ -243,6 +275,7 @@ bool StageHost::NextEvent(Event* event) {
       if (next.op == Action::Op::kForward && have_act && act->phase == v1::TRAIN) {
         *event = std::move(*act);
         activations_.erase(act);
+        cv_.notify_all();  // room in the inbox
         return true;
       }
       if (next.op == Action::Op::kBackward) {
@@ -260,6 +293,7 @@ bool StageHost::NextEvent(Event* event) {
       // microbatch of the next epoch.
       *event = std::move(*act);
       activations_.erase(act);
+      cv_.notify_all();
       return true;
     }
     cv_.wait_for(lock, std::chrono::milliseconds(200));
@@ -317,11 +351,11 @@ absl::Status StageHost::HandleActivation(const Event& event) {
     v1::StageMessage msg;
     msg.set_microbatch(event.microbatch);
     msg.set_phase(event.phase);
-    auto wire = FromTorch(*out);
+    auto wire = FromTorch(*out, wire_dtype_);
     if (!wire.ok()) return wire.status();
     *msg.mutable_activation() = std::move(*wire);
     metrics_->sent_activation_bytes->Increment(msg.activation().data().size());
-    return Send(Side::kDownstream, msg);
+    return Send(Side::kDownstream, std::move(msg));
   }
   torch::Tensor targets;
   {
@@ -339,7 +373,7 @@ absl::Status StageHost::HandleActivation(const Event& event) {
   msg.mutable_result()->set_loss(result->loss);
   msg.mutable_result()->set_correct(result->correct);
   msg.mutable_result()->set_count(result->count);
-  if (auto st = Send(Side::kTargets, msg); !st.ok()) return st;
+  if (auto st = Send(Side::kTargets, std::move(msg)); !st.ok()) return st;
   // Last stage: the backwards the plan puts next (1F1B: this one; gpipe:
   // the step's N after its N-th forward) need no input from anyone.
   while (in_epoch() && plan_[next_action_].op == Action::Op::kBackward) {
@@ -427,41 +461,38 @@ absl::Status StageHost::BackwardAndSendUp(uint64_t microbatch, const torch::Tens
   if (runtime_->is_first()) {
     msg.mutable_done();
   } else {
-    auto wire = FromTorch(*grad_input);
+    auto wire = FromTorch(*grad_input, wire_dtype_);
     if (!wire.ok()) return wire.status();
     *msg.mutable_gradient() = std::move(*wire);
     metrics_->sent_gradient_bytes->Increment(msg.gradient().data().size());
   }
-  return Send(Side::kUpstream, msg);
+  return Send(Side::kUpstream, std::move(msg));
 }
 
-absl::Status StageHost::Send(Side side, const v1::StageMessage& message) {
-  std::lock_guard<std::mutex> write_lock(write_mu_);
-  bool ok = false;
-  if (side == Side::kDownstream) {
-    if (!downstream_) return absl::FailedPreconditionError("no downstream stage");
-    ok = downstream_->Write(message);
-  } else {
-    PipeStream* stream;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stream = side == Side::kTargets ? targets_stream_ : upstream_;
-    }
-    if (stream == nullptr) {
-      return absl::UnavailableError(side == Side::kTargets ? "the target feed is not connected"
-                                                           : "the upstream side is not connected");
-    }
-    // The handler that owns `stream` unregisters it under write_mu_, so it
-    // stays valid while we hold the lock.
-    ok = stream->Write(message);
+absl::Status StageHost::Send(Side side, v1::StageMessage message) {
+  if (side == Side::kDownstream && !downstream_) {
+    return absl::FailedPreconditionError("no downstream stage");
   }
-  if (!ok) {
-    return absl::UnavailableError(
-        side == Side::kDownstream ? absl::StrCat("lost downstream stage ", assignment_.stage() + 1,
-                                                 " at ", assignment_.downstream_address())
-                                  : "lost the upstream stream");
+  if (!outbox_[static_cast<int>(side)]->Push(std::move(message))) {
+    // The outbox's thread has reported the broken stream (or we stop).
+    return absl::UnavailableError(side == Side::kDownstream ? "lost the downstream stream"
+                                  : side == Side::kTargets  ? "lost the target feed"
+                                                            : "lost the upstream stream");
   }
   return absl::OkStatus();
+}
+
+bool StageHost::WriteNow(Side side, const v1::StageMessage& message) {
+  std::lock_guard<std::mutex> write_lock(write_mu_[static_cast<int>(side)]);
+  if (side == Side::kDownstream) return downstream_ && downstream_->Write(message);
+  PipeStream* stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stream = side == Side::kTargets ? targets_stream_ : upstream_;
+  }
+  // The handler that owns `stream` unregisters it under this side's lock, so
+  // it stays valid while we hold it.
+  return stream != nullptr && stream->Write(message);
 }
 
 void StageHost::Fail(const std::string& message, Side from) {
@@ -477,7 +508,10 @@ void StageHost::Fail(const std::string& message, Side from) {
   for (Side side : {Side::kUpstream, Side::kDownstream, Side::kTargets}) {
     if (side == from) continue;
     if (side == Side::kDownstream && !downstream_) continue;
-    Send(side, msg).IgnoreError();
+    WriteNow(side, msg);
+  }
+  for (auto& outbox : outbox_) {
+    if (outbox) outbox->Close();  // nothing more after the error
   }
   cv_.notify_all();
 }

@@ -3,13 +3,16 @@
 // schedule; gRPC handler threads hand it incoming streams (from the upstream
 // stage or the coordinator's feeds).
 //
-// Threads:
+// Threads (so that compute, sends and receives overlap):
 //   - compute thread: pops activations/gradients from the inbox, calls the
-//     runtime, writes results to the right stream. The only caller of the
+//     runtime, queues results on the right outbox. The only caller of the
 //     runtime's mutators.
+//   - one outbox thread per outgoing side (downstream, upstream, targets):
+//     writes queued messages to its stream (stage_worker/outbox.h).
 //   - downstream reader: reads gradients coming back from stage i+1.
 //   - gRPC handler threads (one per incoming stream): read activations (or
-//     targets) into the inbox.
+//     targets) into the inbox; the activation inbox is bounded, so a full
+//     inbox stops reading and gRPC's flow control pushes back upstream.
 // Any failure (a broken stream, a bad tensor, a LibTorch error) marks the host
 // failed, tells both neighbours with a StageError so the failure reaches the
 // coordinator's feeds at once, and stops the compute thread.
@@ -25,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -32,6 +36,7 @@
 #include "pipeline/schedule.h"
 #include "pipeline/stage_runtime.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
+#include "stage_worker/outbox.h"
 #include "stage_worker/stage_metrics.h"
 
 namespace pipemare {
@@ -43,11 +48,13 @@ class StageHost {
   // Builds the stage and, unless it is the last, opens the stream to
   // a.downstream_address() (which must already have its stage loaded).
   // `self_address` only labels error messages. `metrics` (not null) receives
-  // the stage's timings, traffic and stats.
+  // the stage's timings, traffic and stats. `virtual_device`: see
+  // pipeline/stage_runtime.h (benchmarks only).
   static absl::StatusOr<std::shared_ptr<StageHost>> Start(const v1::StageAssignment& a,
                                                           torch::Device device,
                                                           const std::string& self_address,
-                                                          std::shared_ptr<StageMetrics> metrics);
+                                                          std::shared_ptr<StageMetrics> metrics,
+                                                          VirtualDevice virtual_device = {});
   ~StageHost();
   StageHost(const StageHost&) = delete;
   StageHost& operator=(const StageHost&) = delete;
@@ -76,6 +83,7 @@ class StageHost {
     torch::Tensor tensor;
   };
   enum class Side { kNone, kUpstream, kDownstream, kTargets };
+  static constexpr int kSides = 4;
 
   void ComputeLoop();
   void DownstreamReadLoop();
@@ -83,8 +91,12 @@ class StageHost {
   absl::Status Process(const Event& event);
   absl::Status HandleActivation(const Event& event);
   absl::Status BackwardAndSendUp(uint64_t microbatch, const torch::Tensor& grad_output);
-  // Writes to one side; an error if that side is not connected or broke.
-  absl::Status Send(Side side, const v1::StageMessage& message);
+  // Queues `message` on the side's outbox (blocking while it is full); an
+  // error once that side broke or the host stops.
+  absl::Status Send(Side side, v1::StageMessage message);
+  // Writes to one side now (the outbox threads, and Fail); false if that side
+  // is not connected or broke.
+  bool WriteNow(Side side, const v1::StageMessage& message);
   // Marks the host failed with `message`; tells every side but `from`.
   void Fail(const std::string& message, Side from = Side::kNone);
 
@@ -109,7 +121,12 @@ class StageHost {
   std::deque<Event> gradients_;
   std::map<uint64_t, torch::Tensor> targets_;
   std::string error_;
-  std::mutex write_mu_;  // one writer at a time per host keeps ordering simple
+  // One writer at a time per stream; a handler unregisters its stream under
+  // its side's lock, so a writer holding it sees a live stream or none.
+  std::mutex write_mu_[kSides];
+  std::unique_ptr<Outbox> outbox_[kSides];
+  size_t inbox_capacity_ = 0;                    // activations waiting, at most
+  std::optional<torch::ScalarType> wire_dtype_;  // schedule.wire_dtype
 
   // The order of work is the plan (pipeline/schedule.h): this stage's
   // actions for the epoch in progress, and the next one to run. A stage

@@ -30,8 +30,9 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
   }
   if (old) old->Stop();
   const LogContext log = ForStage(request->job_id(), request->stage());
-  auto host = StageHost::Start(*request, device_, self_address_,
-                               metrics_->ForStage(request->job_id(), request->stage()));
+  auto host =
+      StageHost::Start(*request, device_, self_address_,
+                       metrics_->ForStage(request->job_id(), request->stage()), virtual_device_);
   if (!host.ok()) {
     LogError(log, absl::StrCat("cannot load stage: ", host.status().message()));
     return ToGrpc(host.status());

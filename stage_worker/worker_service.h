@@ -15,8 +15,13 @@ namespace pipemare {
 class WorkerService final : public v1::StageWorker::Service {
  public:
   // `metrics` must outlive the service.
-  WorkerService(torch::Device device, std::string self_address, WorkerMetrics* metrics)
-      : device_(device), self_address_(std::move(self_address)), metrics_(metrics) {}
+  // `virtual_device`: see pipeline/stage_runtime.h (benchmarks only).
+  WorkerService(torch::Device device, std::string self_address, WorkerMetrics* metrics,
+                VirtualDevice virtual_device = {})
+      : device_(device),
+        self_address_(std::move(self_address)),
+        metrics_(metrics),
+        virtual_device_(virtual_device) {}
 
   grpc::Status LoadStage(grpc::ServerContext* context, const v1::StageAssignment* request,
                          v1::LoadStageResponse* response) override;
@@ -38,6 +43,7 @@ class WorkerService final : public v1::StageWorker::Service {
   const torch::Device device_;
   std::string self_address_;
   WorkerMetrics* const metrics_;
+  const VirtualDevice virtual_device_;
   std::mutex mu_;
   std::shared_ptr<StageHost> host_;  // GUARDED_BY(mu_)
 };
