@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -1043,6 +1044,70 @@ TEST(StageRuntimeOptimizerTest, CreateRefusesOptimizerFieldsOfAnotherType) {
   auto rt = StageRuntime::Create(a);
   ASSERT_FALSE(rt.ok());
   EXPECT_THAT(std::string(rt.status().message()), HasSubstr("optimizer.momentum"));
+}
+
+TEST(VirtualDeviceTest, ParsesMillisecondsPerUnitAndNamesTheFlag) {
+  auto v = ParseVirtualDevice("2,4.5", "--virtual-device");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->enabled);
+  EXPECT_DOUBLE_EQ(v->forward_seconds_per_unit, 0.002);
+  EXPECT_DOUBLE_EQ(v->backward_seconds_per_unit, 0.0045);
+  for (const char* bad : {"", "2", "2,", ",4", "a,b", "-1,2", "2,4,6", "nan,1"}) {
+    auto b = ParseVirtualDevice(bad, "--virtual-device");
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("--virtual-device")) << bad;
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("FWD_MS,BWD_MS")) << bad;
+  }
+}
+
+// The virtual device keeps shapes, messages and schedule decisions real and
+// replaces compute: zeros out, zeros back, weights untouched, steps counted.
+TEST(VirtualDeviceTest, KeepsShapesStepsAndDelaysButNotValues) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 2});
+  VirtualDevice virt{true, 0.0005, 0.001};
+  auto first = StageRuntime::Create(Assignment("pipemare", 0, 2, 0, 2, model), torch::kCPU,
+                                    torch::kFloat32, virt);
+  auto last = StageRuntime::Create(Assignment("pipemare", 1, 2, 2, 1, model), torch::kCPU,
+                                   torch::kFloat32, virt);
+  ASSERT_TRUE(first.ok() && last.ok());
+  std::vector<torch::Tensor> before;
+  for (const auto& p : (*first)->Parameters()) before.push_back(p.detach().clone());
+  // 1F1B with τ_0 = 1: F1 F2 B1 F3 B2 B3 on stage 0.
+  std::map<uint64_t, torch::Tensor> act;
+  auto fwd = [&](uint64_t m) {
+    auto out = (*first)->Forward(m, Inputs(m), true);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->sizes().vec(), (std::vector<int64_t>{kBatch, 3}));
+    EXPECT_EQ(out->abs().sum().item<double>(), 0.0);
+    auto loss = (*last)->ForwardLoss(m, *out, Targets(m), true);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(loss->loss, std::log(2.0), 1e-6);  // zero logits over 2 classes
+    auto g = (*last)->Backward(m, torch::Tensor());
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->sizes().vec(), (std::vector<int64_t>{kBatch, 3}));
+    act[m] = *g;
+  };
+  auto bwd = [&](uint64_t m) {
+    auto g = (*first)->Backward(m, act[m]);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_FALSE(g->defined());  // first stage
+  };
+  fwd(1);
+  fwd(2);
+  bwd(1);
+  fwd(3);
+  bwd(2);
+  bwd(3);
+  StageStats s = (*first)->Stats();
+  EXPECT_EQ(s.steps, 3);
+  EXPECT_EQ(s.forwards, 3);
+  EXPECT_EQ(s.analytic_delay, 1);
+  EXPECT_DOUBLE_EQ(s.measured_delay, (0.0 + 1.0 + 1.0) / 3.0);
+  auto after = (*first)->Parameters();
+  for (size_t j = 0; j < before.size(); ++j) EXPECT_TRUE(torch::equal(before[j], after[j]));
+  // A shape the first unit does not take is still refused.
+  auto bad = (*first)->Forward(9, torch::zeros({kBatch, 5}), true);
+  EXPECT_FALSE(bad.ok());
 }
 
 }  // namespace
