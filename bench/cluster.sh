@@ -1,19 +1,34 @@
 # Sourced by the benchmarks: starts one coordinator and $1 workers on
 # loopback (1 thread each, metrics on free ports), waits until every worker
 # is IDLE, and sets $addr and $work (a temporary directory with the logs,
-# removed with every process on exit). Needs $bin.
+# removed with every process on exit) and $worker_pids. Needs $bin.
+# WORKER_FLAGS: more pipemare-worker flags (e.g. --virtual-device 4,8).
+# WORKER_CPUS: CPU ids to pin workers to, round robin (e.g. "0 1").
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 "$bin/pipemare-coordinator" --listen 127.0.0.1:0 --address-file "$work/addr" \
   --metrics-listen 127.0.0.1:0 2>"$work/coordinator.log" &
 for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
 addr=$(cat "$work/addr")
+read -r -a worker_cpus <<<"${WORKER_CPUS:-}"
+read -r -a worker_flags <<<"${WORKER_FLAGS:-}"
+worker_pids=()
 for i in $(seq "$1"); do
-  "$bin/pipemare-worker" --coordinator "$addr" --listen 127.0.0.1:0 --threads 1 \
-    --metrics-listen 127.0.0.1:0 2>"$work/worker-$i.log" &
+  pin=()
+  if [ ${#worker_cpus[@]} -gt 0 ]; then
+    pin=(taskset -c "${worker_cpus[$(((i - 1) % ${#worker_cpus[@]}))]}")
+  fi
+  "${pin[@]}" "$bin/pipemare-worker" --coordinator "$addr" --listen 127.0.0.1:0 --threads 1 \
+    --metrics-listen 127.0.0.1:0 "${worker_flags[@]}" 2>"$work/worker-$i.log" &
+  worker_pids+=($!)
 done
-for _ in $(seq 150); do
-  [ "$("$bin/pipemarectl" --coordinator "$addr" workers --output json | grep -c '"IDLE"')" \
-    -ge "$1" ] && break
+idle=0
+for _ in $(seq 600); do
+  idle=$("$bin/pipemarectl" --coordinator "$addr" workers --output json | grep -c '"IDLE"' || true)
+  [ "$idle" -ge "$1" ] && break
   sleep 0.2
 done
+if [ "$idle" -lt "$1" ]; then
+  echo "cluster.sh: only $idle of $1 workers became IDLE in 120 s; logs in $work" >&2
+  exit 1
+fi

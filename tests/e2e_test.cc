@@ -7,9 +7,12 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "tests/cluster.h"
+#include "tests/process.h"
 
 namespace pipemare::testing {
 namespace {
@@ -107,6 +110,59 @@ TEST(EndToEnd, PipeDreamAndAsyncTrainWithTheAnalyticDelay) {
     }
     EXPECT_GE(job.metrics().test_accuracy(), 0.85) << schedule;
   }
+}
+
+// Sum over every worker's /metrics of the samples of `metric` whose labels
+// contain each of `labels` (e.g. job_id="job-1").
+double ScrapeSum(Cluster& cluster, const std::string& metric,
+                 const std::vector<std::string>& labels) {
+  double sum = 0;
+  const v1::ListWorkersResponse workers = cluster.Workers();
+  for (const auto& w : workers.workers()) {
+    for (absl::string_view line :
+         absl::StrSplit(HttpGet("http://" + w.metrics_address() + "/metrics"), '\n')) {
+      if (!absl::StartsWith(line, metric + "{")) continue;
+      bool all = true;
+      for (const auto& l : labels) all = all && absl::StrContains(line, l);
+      double v = 0;
+      if (all && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
+    }
+  }
+  return sum;
+}
+
+TEST(EndToEnd, Bfloat16WireHalvesTheBytesBetweenStagesAndStillTrains) {
+  Cluster cluster(3);
+  ASSERT_TRUE(cluster.ok());
+  const std::string base = ShortSpec("e2e-wire", "pipemare", 3, 6400);
+  const std::string bf16 = absl::StrReplaceAll(
+      base, {{"discrepancy_decay: 0.1}", "discrepancy_decay: 0.1, wire_dtype: bfloat16}"}});
+  ASSERT_TRUE(absl::StrContains(bf16, "wire_dtype: bfloat16")) << bf16;
+  for (const auto& [name, yaml] : {std::pair{"f32", base}, std::pair{"bf16", bf16}}) {
+    auto submit = cluster.Ctl({"submit", cluster.WriteSpec(name, yaml), "--wait"}, 300);
+    ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+  }
+  const v1::JobStatus f32 = cluster.Status("job-1"), half = cluster.Status("job-2");
+  EXPECT_EQ(half.state(), v1::SUCCEEDED);
+  EXPECT_GE(half.metrics().test_accuracy(), 0.8) << "bfloat16 activations still train";
+  for (const std::string kind : {"activation", "gradient"}) {
+    for (int stage : {0, 1}) {
+      const std::string direction =
+          kind == "activation" ? absl::StrCat(stage) : absl::StrCat(stage + 1);
+      const std::vector<std::string> labels = {absl::StrCat("kind=\"", kind, "\""),
+                                               absl::StrCat("stage=\"", direction, "\"")};
+      auto with = [&](const char* job) {
+        auto l = labels;
+        l.push_back(absl::StrCat("job_id=\"", job, "\""));
+        return l;
+      };
+      const double full = ScrapeSum(cluster, "pipemare_stage_sent_bytes_total", with("job-1"));
+      const double halved = ScrapeSum(cluster, "pipemare_stage_sent_bytes_total", with("job-2"));
+      EXPECT_GT(full, 0) << kind << " from stage " << direction;
+      EXPECT_DOUBLE_EQ(halved * 2, full) << kind << " from stage " << direction;
+    }
+  }
+  EXPECT_NEAR(half.metrics().test_accuracy(), f32.metrics().test_accuracy(), 0.05);
 }
 
 TEST(EndToEnd, PipeMareWarmupSwitchesToAsynchronousAtTheConfiguredStep) {
