@@ -364,7 +364,8 @@ absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
     absl::Status started =
         cluster.Start(absl::StrCat("worker-", k), binary,
                       {"--coordinator", coordinator, "--listen", "127.0.0.1:0", "--threads",
-                       std::to_string(threads), "--metrics-listen", "127.0.0.1:0"});
+                       std::to_string(threads), "--workers-per-host", std::to_string(count),
+                       "--metrics-listen", "127.0.0.1:0"});
     if (!started.ok()) return started;
   }
 

@@ -12,7 +12,7 @@ namespace pipemare::client {
 struct LocalOptions {
   std::string spec_file;
   int workers = 0;  // 0: one per pipeline stage
-  int threads = 1;  // per worker
+  int threads = 0;  // per worker; 0 = the host's CPUs shared evenly among the workers
   bool keep_logs = false;
   // If set, a Prometheus file_sd targets file naming the coordinator's and
   // every worker's /metrics (deploy/prometheus/local.yml reads such files).

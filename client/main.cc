@@ -60,8 +60,10 @@ int Main(int argc, char** argv) {
   local_cmd->add_option("FILE", local.spec_file, "Job spec file")->required();
   local_cmd->add_option("--workers", local.workers, "Workers to start (default: one per stage)")
       ->check(CLI::PositiveNumber);
-  local_cmd->add_option("--threads", local.threads, "Threads per worker")
-      ->check(CLI::PositiveNumber)
+  local_cmd
+      ->add_option("--threads", local.threads,
+                   "Threads per worker (0 = the host's CPUs shared evenly among the workers)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   local_cmd->add_flag("--keep-logs", local.keep_logs,
                       "Keep the log directory even if the job succeeds");
