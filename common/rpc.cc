@@ -1,5 +1,7 @@
 #include "common/rpc.h"
 
+#include <malloc.h>
+
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,14 @@ void SetKeepalive(grpc::ChannelArguments& args) {
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
 }
 }  // namespace
+
+void TuneMallocForLargeMessages() {
+  // 32 MiB is the largest mmap threshold mallopt accepts on 64-bit glibc;
+  // setting it also turns off glibc's dynamic threshold. Trimming only past
+  // 1 GiB of free heap keeps the pages of recent messages mapped.
+  mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
+}
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   grpc::ChannelArguments args;

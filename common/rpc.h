@@ -34,6 +34,14 @@ std::unique_ptr<grpc::ClientContext> ContextWithDeadline(double seconds);
 grpc::Status ToGrpc(const absl::Status& status);
 absl::Status FromGrpc(const grpc::Status& status);
 
+// Keeps freed message-sized buffers in the process's heap instead of
+// returning them to the kernel, so that the next message of the same size
+// reuses warm pages rather than page-faulting in fresh ones. Each message
+// allocates payload-sized buffers (the proto's bytes, gRPC's slices); with
+// glibc's defaults every buffer over 128 KiB is a fresh mmap. Measured by
+// bench/transport.cc (--malloc default|tuned). Call once, at start-up.
+void TuneMallocForLargeMessages();
+
 // Replaces the port in "host:port" by `port`.
 std::string WithPort(const std::string& address, int port);
 

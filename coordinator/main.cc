@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   pipemare::BlockStopSignals();
+  pipemare::TuneMallocForLargeMessages();
 
   pipemare::JobStore store(state_dir);
   pipemare::WorkerRegistry registry(

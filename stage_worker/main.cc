@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   pipemare::BlockStopSignals();
+  pipemare::TuneMallocForLargeMessages();
   auto device = ParseDevice(device_flag);
   if (!device.ok()) {
     pipemare::LogError(absl::StrCat("error: ", device.status().message()));

@@ -1,0 +1,801 @@
+// bench_transport: how fast is our stage-to-stage transport (a gRPC
+// bidirectional `StageWorker.Pipe` stream) compared with a plain TCP socket,
+// for activation-sized messages over loopback (127.0.0.1)?
+//
+// Both paths run in this one process: a server (the gRPC service, or a socket
+// reader thread) and a client that sends to it. For each payload size
+// (--sizes) and each path, two measurements:
+//
+//  * throughput: the client sends messages back to back for --seconds (or
+//    --messages), then an end marker; the server counts what it received and
+//    acknowledges the marker with the count. GiB/s = payload bytes the server
+//    received / time from the first send to the acknowledgement.
+//  * latency: ping-pong; the client sends one payload message, the server
+//    answers each with a tiny ack, the client waits for it before sending the
+//    next. Reported: the median round trip (full payload one way, the small
+//    ack back) in microseconds, over all pings.
+//
+// Each measurement is repeated --rounds times, gRPC and TCP interleaved, so a
+// noisy neighbour on a shared machine hits both paths alike. Throughput is the
+// best round; latency the median over the pings of all rounds. Before each
+// timed burst an untimed warm-up burst lets HTTP/2 flow control (BDP probing)
+// and TCP autotuning settle.
+//
+// The gRPC path is exactly what our workers do: one long-lived `Pipe` stream
+// per edge on a channel from MakeChannel(), served by StartServer() (so it
+// uses Pipemare's message limits and keepalives), sync API on both sides.
+// Copies of the payload on it:
+//   send:    (1) the worker's copy of the tensor into the proto's `bytes`
+//                (`wire.set_data(ptr, bytes)`, from a preallocated buffer
+//                here), included in the timing;
+//            (2) gRPC serialization of the proto into slices;
+//            (3) the kernel's copy into the socket (HTTP/2 DATA frames).
+//   receive: (4) the kernel's copy into gRPC's read slices;
+//            (5) protobuf parsing of the message into the proto's string.
+//            The server then validates dtype/shape/size and touches the data.
+// Copies (1) and (5) write into a newly allocated string per message (as in
+// the workers), so first-touch page faults are part of the gRPC cost; glibc
+// serves allocations above its mmap threshold (at most 32 MiB) with fresh
+// mmaps. Protobuf reserves at most 50,000,000 bytes up front for a `bytes` field
+// it parses, so a larger payload is reallocated (and copied again) on receive.
+// The TCP baseline has the fewest copies a socket allows: the client sends
+// length-prefixed frames straight from the preallocated buffer (kernel copy
+// only), and the server reads each frame into one preallocated buffer (kernel
+// copy only), then validates and touches it like the gRPC server. Both sockets
+// set TCP_NODELAY.
+//
+//   bench_transport [--sizes 64K,256K,1M,4M,16M,64M] [--seconds 1]
+//                   [--messages N] [--rounds 2] [--output table|json]
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/rpc.h"
+#include "pipemare/v1/pipemare.grpc.pb.h"
+
+namespace pipemare::bench {
+namespace {
+
+namespace v1 = ::pipemare::v1;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kKiB = 1024;
+constexpr int64_t kMiB = 1024 * kKiB;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// Room left in kMaxMessageBytes for the proto's own fields.
+constexpr int64_t kMaxPayloadBytes = kMaxMessageBytes - kMiB;
+// Each warm-up burst sends at least this many bytes (and at least 2 messages).
+constexpr int64_t kWarmupBytes = 16 * kMiB;
+
+// How long one measurement runs: until `seconds` have passed or `messages`
+// were sent, whichever comes first (0 turns a bound off). Always >= 1 message.
+struct Bounds {
+  double seconds = 1.0;
+  int64_t messages = 0;
+
+  bool Done(int64_t sent, Clock::time_point start) const {
+    if (sent < 1) return false;
+    if (messages > 0 && sent >= messages) return true;
+    return seconds > 0 && std::chrono::duration<double>(Clock::now() - start).count() >= seconds;
+  }
+};
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const size_t mid = v.size() / 2;
+  return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
+}
+
+std::string SizeName(int64_t bytes) {
+  if (bytes % kMiB == 0) return absl::StrCat(bytes / kMiB, " MiB");
+  if (bytes % kKiB == 0) return absl::StrCat(bytes / kKiB, " KiB");
+  return absl::StrCat(bytes, " B");
+}
+
+// The client's preallocated activation: float i holds i, so the receiver can
+// check the first and last element without a copy of its own.
+class Payload {
+ public:
+  explicit Payload(int64_t bytes) : floats_(bytes / sizeof(float)) {
+    for (size_t i = 0; i < floats_.size(); ++i) floats_[i] = static_cast<float>(i);
+  }
+  const char* data() const { return reinterpret_cast<const char*>(floats_.data()); }
+  int64_t floats() const { return static_cast<int64_t>(floats_.size()); }
+  int64_t bytes() const { return floats() * static_cast<int64_t>(sizeof(float)); }
+
+ private:
+  std::vector<float> floats_;
+};
+
+// The receiver's "touch": the first and last float must be what Payload wrote.
+bool TouchOk(const char* data, int64_t floats) {
+  if (floats == 0) return true;
+  float first, last;
+  std::memcpy(&first, data, sizeof(float));
+  std::memcpy(&last, data + (floats - 1) * sizeof(float), sizeof(float));
+  return first == 0.0f && last == static_cast<float>(floats - 1);
+}
+
+struct Throughput {
+  int64_t bytes = 0;
+  double seconds = 0;
+  double gib_per_s() const { return seconds > 0 ? bytes / kGiB / seconds : 0; }
+};
+
+// ---------------------------------------------------------------------------
+// gRPC: StageWorker.Pipe, as between two stages.
+//
+// The first message of a stream is a StreamOpen, as in the workers. Its role
+// picks what the server does:
+//   PEER (stage -> stage): count activations; answer a `done` marker with a
+//     `result` whose count is the activations since the previous marker.
+//   INPUT_FEED (the coordinator's feed, "inputs down, acks up"): answer every
+//     activation with a `done` ack carrying its microbatch number.
+
+using ServerStream = grpc::ServerReaderWriter<v1::StageMessage, v1::StageMessage>;
+using ClientStream = grpc::ClientReaderWriter<v1::StageMessage, v1::StageMessage>;
+
+class PipeSink final : public v1::StageWorker::Service {
+ public:
+  grpc::Status Pipe(grpc::ServerContext*, ServerStream* stream) override {
+    v1::StageMessage message;
+    if (!stream->Read(&message)) return grpc::Status::OK;
+    if (!message.has_open()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "open: the first message of a Pipe stream must be a StreamOpen");
+    }
+    const bool ack_each = message.open().role() == v1::StreamOpen::INPUT_FEED;
+    int64_t count = 0;
+    v1::StageMessage reply;
+    while (stream->Read(&message)) {
+      if (message.has_activation()) {
+        if (auto st = Validate(message.activation()); !st.ok()) return ToGrpc(st);
+        ++count;
+        if (ack_each) {
+          reply.Clear();
+          reply.set_microbatch(message.microbatch());
+          reply.mutable_done();
+          if (!stream->Write(reply)) return grpc::Status::OK;
+        }
+      } else if (message.has_done()) {
+        reply.Clear();
+        reply.mutable_result()->set_count(count);
+        count = 0;
+        if (!stream->Write(reply)) return grpc::Status::OK;
+      } else {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "payload: expected an activation or a done marker");
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  static absl::Status Validate(const v1::Tensor& t) {
+    if (t.dtype() != v1::FLOAT32 || t.shape_size() != 1) {
+      return absl::InvalidArgumentError("activation: expected FLOAT32 of shape [n]");
+    }
+    const int64_t n = t.shape(0);
+    if (n < 0 || static_cast<int64_t>(t.data().size()) != n * static_cast<int64_t>(sizeof(float))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("activation.data: ", t.data().size(), " bytes for shape [", n, "]"));
+    }
+    if (!TouchOk(t.data().data(), n)) {
+      return absl::DataLossError("activation.data: contents differ from what was sent");
+    }
+    return absl::OkStatus();
+  }
+};
+
+class GrpcPath {
+ public:
+  ~GrpcPath() { Stop(); }
+
+  absl::Status Start() {
+    int port = 0;
+    auto server = StartServer("127.0.0.1:0", &service_, &port, "bench server");
+    if (!server.ok()) return server.status();
+    server_ = std::move(*server);
+    channel_ = MakeChannel(WithPort("127.0.0.1:0", port));
+    if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+      return absl::UnavailableError(absl::StrCat("gRPC: cannot connect to 127.0.0.1:", port));
+    }
+    stub_ = v1::StageWorker::NewStub(channel_);
+    if (auto st = Open(v1::StreamOpen::PEER, &bulk_); !st.ok()) return st;
+    return Open(v1::StreamOpen::INPUT_FEED, &ping_);
+  }
+
+  absl::StatusOr<Throughput> MeasureThroughput(const Payload& payload, const Bounds& bounds) {
+    const Bounds warmup{0, std::max<int64_t>(2, kWarmupBytes / payload.bytes())};
+    if (auto r = Burst(payload, warmup); !r.ok()) return r.status();
+    return Burst(payload, bounds);
+  }
+
+  // Round trips in microseconds, after a few untimed ones.
+  absl::StatusOr<std::vector<double>> MeasureLatency(const Payload& payload, const Bounds& bounds) {
+    if (auto r = PingPong(payload, Bounds{0, 3}); !r.ok()) return r.status();
+    return PingPong(payload, bounds);
+  }
+
+  // Ends both streams, then the server. Safe to call twice.
+  void Stop() {
+    for (Stream* s : {&bulk_, &ping_}) {
+      if (!s->stream) continue;
+      if (s->healthy) {
+        s->stream->WritesDone();
+        v1::StageMessage drain;
+        while (s->stream->Read(&drain)) {
+        }
+      } else {
+        s->context->TryCancel();
+      }
+      (void)s->stream->Finish();  // a broken stream was reported where it broke
+      s->stream.reset();
+    }
+    if (server_) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      server_->Wait();
+      server_.reset();
+    }
+  }
+
+ private:
+  struct Stream {
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<ClientStream> stream;
+    bool healthy = false;
+  };
+
+  absl::Status Open(v1::StreamOpen::Role role, Stream* s) {
+    s->context = std::make_unique<grpc::ClientContext>();
+    s->stream = stub_->Pipe(s->context.get());
+    v1::StageMessage open;
+    open.mutable_open()->set_job_id("bench_transport");
+    open.mutable_open()->set_role(role);
+    if (!s->stream->Write(open)) return Broken(s, "open");
+    s->healthy = true;
+    return absl::OkStatus();
+  }
+
+  // Marks `s` broken and returns why, with the server's status if it has one.
+  absl::Status Broken(Stream* s, const std::string& what) {
+    s->healthy = false;
+    s->context->TryCancel();
+    const absl::Status st = FromGrpc(s->stream->Finish());
+    s->stream.reset();
+    return absl::UnavailableError(
+        absl::StrCat("gRPC Pipe stream broke on ", what, st.ok() ? "" : ": ", st.message()));
+  }
+
+  // The message a worker builds: one copy of the activation into the proto.
+  static void Build(const Payload& payload, uint64_t microbatch, v1::StageMessage* message) {
+    message->Clear();
+    message->set_microbatch(microbatch);
+    message->set_phase(v1::TRAIN);
+    v1::Tensor* wire = message->mutable_activation();
+    wire->set_dtype(v1::FLOAT32);
+    wire->add_shape(payload.floats());
+    wire->set_data(payload.data(), payload.bytes());
+  }
+
+  absl::StatusOr<Throughput> Burst(const Payload& payload, const Bounds& bounds) {
+    if (!bulk_.stream) return absl::FailedPreconditionError("gRPC throughput stream is closed");
+    v1::StageMessage message;
+    int64_t sent = 0;
+    const Clock::time_point start = Clock::now();
+    while (!bounds.Done(sent, start)) {
+      Build(payload, sent, &message);
+      if (!bulk_.stream->Write(message)) return Broken(&bulk_, "write");
+      ++sent;
+    }
+    message.Clear();
+    message.mutable_done();
+    if (!bulk_.stream->Write(message)) return Broken(&bulk_, "end marker");
+    if (!bulk_.stream->Read(&message)) return Broken(&bulk_, "read ack");
+    const Clock::time_point end = Clock::now();
+    if (!message.has_result() || message.result().count() != sent) {
+      return absl::DataLossError(absl::StrCat("gRPC: sent ", sent, " messages, server counted ",
+                                              message.result().count()));
+    }
+    return Throughput{sent * payload.bytes(), Seconds(start, end)};
+  }
+
+  absl::StatusOr<std::vector<double>> PingPong(const Payload& payload, const Bounds& bounds) {
+    if (!ping_.stream) return absl::FailedPreconditionError("gRPC latency stream is closed");
+    std::vector<double> micros;
+    v1::StageMessage message, ack;
+    const Clock::time_point start = Clock::now();
+    for (int64_t sent = 0; !bounds.Done(sent, start); ++sent) {
+      const Clock::time_point t0 = Clock::now();
+      Build(payload, sent, &message);
+      if (!ping_.stream->Write(message)) return Broken(&ping_, "ping");
+      if (!ping_.stream->Read(&ack)) return Broken(&ping_, "read ack");
+      micros.push_back(Seconds(t0, Clock::now()) * 1e6);
+      if (!ack.has_done() || ack.microbatch() != static_cast<uint64_t>(sent)) {
+        return absl::DataLossError(absl::StrCat("gRPC: ack for ping ", sent, " is wrong"));
+      }
+    }
+    return micros;
+  }
+
+  PipeSink service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::StageWorker::Stub> stub_;
+  Stream bulk_;  // PEER: throughput
+  Stream ping_;  // INPUT_FEED: ping-pong
+};
+
+// ---------------------------------------------------------------------------
+// Raw TCP: length-prefixed frames on one loopback connection.
+
+enum FrameKind : uint32_t {
+  kData = 1,  // payload; no answer
+  kPing = 2,  // payload; answered by kAck carrying the frame's tag
+  kEnd = 3,   // no payload; answered by kAck carrying the kData count since the last kEnd
+  kAck = 4,   // server -> client
+};
+
+struct FrameHeader {
+  uint32_t kind;
+  uint32_t reserved;
+  uint64_t tag;     // kPing: sequence number; kAck: the answer
+  uint64_t length;  // payload bytes that follow
+};
+
+std::string Errno(const std::string& what) {
+  return absl::StrCat(what, ": ", std::strerror(errno));
+}
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  Socket(Socket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Socket& operator=(Socket&& other) noexcept {
+    Close();
+    fd_ = std::exchange(other.fd_, -1);
+    return *this;
+  }
+  ~Socket() { Close(); }
+  int fd() const { return fd_; }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+  // Writes the header and `length` bytes of `data` with one writev (the header
+  // of a small frame does not go out as a segment of its own).
+  absl::Status SendFrame(const FrameHeader& header, const char* data) {
+    iovec iov[2] = {{const_cast<FrameHeader*>(&header), sizeof(header)},
+                    {const_cast<char*>(data), static_cast<size_t>(header.length)}};
+    int count = header.length > 0 ? 2 : 1;
+    iovec* next = iov;
+    while (count > 0) {
+      msghdr msg{};
+      msg.msg_iov = next;
+      msg.msg_iovlen = count;
+      const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return absl::UnavailableError(Errno("TCP send"));
+      }
+      size_t left = static_cast<size_t>(n);
+      while (count > 0 && left >= next->iov_len) {
+        left -= next->iov_len;
+        ++next;
+        --count;
+      }
+      if (count > 0) {
+        next->iov_base = static_cast<char*>(next->iov_base) + left;
+        next->iov_len -= left;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Reads exactly `bytes`; NotFound on a clean end of stream before the first byte.
+  absl::Status RecvAll(void* out, size_t bytes) {
+    char* p = static_cast<char*>(out);
+    size_t got = 0;
+    while (got < bytes) {
+      const ssize_t n = ::recv(fd_, p + got, bytes - got, 0);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return absl::UnavailableError(Errno("TCP recv"));
+      }
+      if (n == 0) {
+        return got == 0 ? absl::NotFoundError("TCP: peer closed")
+                        : absl::DataLossError("TCP: peer closed inside a frame");
+      }
+      got += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+absl::Status SetNoDelay(const Socket& s) {
+  const int one = 1;
+  if (::setsockopt(s.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+    return absl::InternalError(Errno("TCP_NODELAY"));
+  }
+  return absl::OkStatus();
+}
+
+class TcpPath {
+ public:
+  ~TcpPath() { Stop(); }
+
+  // Listens on 127.0.0.1:0, connects (completes through the backlog), accepts,
+  // and only then starts the server thread: no thread waits in accept().
+  absl::Status Start() {
+    Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
+    if (listener.fd() < 0) return absl::InternalError(Errno("TCP socket"));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    if (::bind(listener.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::listen(listener.fd(), 1) != 0 ||
+        ::getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return absl::InternalError(Errno("TCP listen on 127.0.0.1"));
+    }
+    client_ = Socket(::socket(AF_INET, SOCK_STREAM, 0));
+    if (client_.fd() < 0) return absl::InternalError(Errno("TCP socket"));
+    if (::connect(client_.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      return absl::UnavailableError(Errno("TCP connect to 127.0.0.1"));
+    }
+    Socket server(::accept(listener.fd(), nullptr, nullptr));
+    if (server.fd() < 0) return absl::InternalError(Errno("TCP accept"));
+    if (auto st = SetNoDelay(client_); !st.ok()) return st;
+    if (auto st = SetNoDelay(server); !st.ok()) return st;
+    server_ = std::thread([this, s = std::move(server)]() mutable { server_status_ = Serve(s); });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Throughput> MeasureThroughput(const Payload& payload, const Bounds& bounds) {
+    const Bounds warmup{0, std::max<int64_t>(2, kWarmupBytes / payload.bytes())};
+    if (auto r = Burst(payload, warmup); !r.ok()) return r.status();
+    return Burst(payload, bounds);
+  }
+
+  absl::StatusOr<std::vector<double>> MeasureLatency(const Payload& payload, const Bounds& bounds) {
+    if (auto r = PingPong(payload, Bounds{0, 3}); !r.ok()) return r.status();
+    return PingPong(payload, bounds);
+  }
+
+  // Closing the client's end ends the server's loop; then join it.
+  void Stop() {
+    if (client_.fd() >= 0) ::shutdown(client_.fd(), SHUT_RDWR);
+    if (server_.joinable()) server_.join();
+    client_.Close();
+  }
+
+ private:
+  // The server thread: reads frames into one reusable buffer until the client
+  // closes the connection.
+  static absl::Status Serve(Socket& s) {
+    std::vector<char> buffer;
+    int64_t count = 0;
+    FrameHeader header;
+    while (true) {
+      absl::Status st = s.RecvAll(&header, sizeof(header));
+      if (absl::IsNotFound(st)) return absl::OkStatus();
+      if (!st.ok()) return st;
+      if (header.length > static_cast<uint64_t>(kMaxPayloadBytes)) {
+        return absl::InvalidArgumentError("TCP: frame too long");
+      }
+      if (buffer.size() < header.length) buffer.resize(header.length);
+      if (st = s.RecvAll(buffer.data(), header.length); !st.ok()) return st;
+      const int64_t floats = static_cast<int64_t>(header.length / sizeof(float));
+      FrameHeader ack{kAck, 0, 0, 0};
+      switch (header.kind) {
+        case kData:
+          if (!TouchOk(buffer.data(), floats)) return absl::DataLossError("TCP: bad payload");
+          ++count;
+          break;
+        case kPing:
+          if (!TouchOk(buffer.data(), floats)) return absl::DataLossError("TCP: bad payload");
+          ack.tag = header.tag;
+          if (st = s.SendFrame(ack, nullptr); !st.ok()) return st;
+          break;
+        case kEnd:
+          ack.tag = static_cast<uint64_t>(count);
+          count = 0;
+          if (st = s.SendFrame(ack, nullptr); !st.ok()) return st;
+          break;
+        default:
+          return absl::InvalidArgumentError(absl::StrCat("TCP: unknown frame kind ", header.kind));
+      }
+    }
+  }
+
+  // A failed exchange: stop the server and report what it saw too.
+  absl::Status Failed(const absl::Status& st) {
+    Stop();
+    return server_status_.ok()
+               ? st
+               : absl::Status(st.code(), absl::StrCat(st.message(),
+                                                      " (server: ", server_status_.message(), ")"));
+  }
+
+  absl::Status ReadAck(uint64_t* tag) {
+    FrameHeader ack;
+    if (auto st = client_.RecvAll(&ack, sizeof(ack)); !st.ok()) return st;
+    if (ack.kind != kAck || ack.length != 0) return absl::DataLossError("TCP: bad ack frame");
+    *tag = ack.tag;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Throughput> Burst(const Payload& payload, const Bounds& bounds) {
+    if (client_.fd() < 0) return absl::FailedPreconditionError("TCP connection is closed");
+    const FrameHeader data{kData, 0, 0, static_cast<uint64_t>(payload.bytes())};
+    int64_t sent = 0;
+    const Clock::time_point start = Clock::now();
+    while (!bounds.Done(sent, start)) {
+      if (auto st = client_.SendFrame(data, payload.data()); !st.ok()) return Failed(st);
+      ++sent;
+    }
+    uint64_t count = 0;
+    if (auto st = client_.SendFrame(FrameHeader{kEnd, 0, 0, 0}, nullptr); !st.ok()) {
+      return Failed(st);
+    }
+    if (auto st = ReadAck(&count); !st.ok()) return Failed(st);
+    const Clock::time_point end = Clock::now();
+    if (count != static_cast<uint64_t>(sent)) {
+      return Failed(
+          absl::DataLossError(absl::StrCat("TCP: sent ", sent, " frames, server counted ", count)));
+    }
+    return Throughput{sent * payload.bytes(), Seconds(start, end)};
+  }
+
+  absl::StatusOr<std::vector<double>> PingPong(const Payload& payload, const Bounds& bounds) {
+    if (client_.fd() < 0) return absl::FailedPreconditionError("TCP connection is closed");
+    std::vector<double> micros;
+    const Clock::time_point start = Clock::now();
+    for (int64_t sent = 0; !bounds.Done(sent, start); ++sent) {
+      const Clock::time_point t0 = Clock::now();
+      const FrameHeader ping{kPing, 0, static_cast<uint64_t>(sent),
+                             static_cast<uint64_t>(payload.bytes())};
+      if (auto st = client_.SendFrame(ping, payload.data()); !st.ok()) return Failed(st);
+      uint64_t tag = 0;
+      if (auto st = ReadAck(&tag); !st.ok()) return Failed(st);
+      micros.push_back(Seconds(t0, Clock::now()) * 1e6);
+      if (tag != static_cast<uint64_t>(sent)) {
+        return Failed(absl::DataLossError(absl::StrCat("TCP: ack for ping ", sent, " is wrong")));
+      }
+    }
+    return micros;
+  }
+
+  Socket client_;
+  std::thread server_;
+  absl::Status server_status_;  // written by server_, read after join
+};
+
+// ---------------------------------------------------------------------------
+// Flags and the report.
+
+// "64K", "1M", "4MiB", "65536" -> bytes.
+absl::StatusOr<int64_t> ParseSize(std::string text) {
+  text = std::string(absl::StripAsciiWhitespace(text));
+  int64_t unit = 1;
+  std::string number = text;
+  for (const auto& [suffix, factor] : std::vector<std::pair<std::string, int64_t>>{
+           {"KiB", kKiB}, {"MiB", kMiB}, {"K", kKiB}, {"M", kMiB}, {"k", kKiB}, {"m", kMiB}}) {
+    if (text.size() > suffix.size() &&
+        text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      number = text.substr(0, text.size() - suffix.size());
+      unit = factor;
+      break;
+    }
+  }
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(number, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sizes: '", text, "' is not a size (bytes, or a number with K or M)"));
+  }
+  if (value <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--sizes: '", text, "' is not positive"));
+  }
+  if (value > kMaxPayloadBytes / unit) {
+    return absl::InvalidArgumentError(absl::StrCat("--sizes: '", text, "' exceeds the ",
+                                                   kMaxPayloadBytes / kMiB,
+                                                   " MiB a Pipemare message may carry"));
+  }
+  value *= unit;
+  if (value % static_cast<int64_t>(sizeof(float)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sizes: '", text, "' is not a whole number of FLOAT32 (4 bytes)"));
+  }
+  return value;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseSizes(const std::string& list) {
+  std::vector<int64_t> sizes;
+  for (absl::string_view item : absl::StrSplit(list, ',')) {
+    auto size = ParseSize(std::string(item));
+    if (!size.ok()) return size.status();
+    sizes.push_back(*size);
+  }
+  if (sizes.empty()) return absl::InvalidArgumentError("--sizes: empty");
+  return sizes;
+}
+
+struct Row {
+  int64_t bytes = 0;
+  Throughput grpc, tcp;  // best round
+  std::vector<double> grpc_micros, tcp_micros;
+};
+
+void PrintTable(const std::vector<Row>& rows) {
+  std::printf(
+      "| size | gRPC GiB/s | TCP GiB/s | ratio gRPC/TCP | gRPC latency µs | TCP latency µs |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|\n");
+  for (const Row& r : rows) {
+    std::printf("| %s | %.2f | %.2f | %.2f | %.0f | %.0f |\n", SizeName(r.bytes).c_str(),
+                r.grpc.gib_per_s(), r.tcp.gib_per_s(), r.grpc.gib_per_s() / r.tcp.gib_per_s(),
+                Median(r.grpc_micros), Median(r.tcp_micros));
+  }
+}
+
+void PrintJson(const std::vector<Row>& rows, const Bounds& bounds, int rounds) {
+  std::printf("{\"seconds\": %g, \"messages\": %lld, \"rounds\": %d, \"results\": [",
+              bounds.seconds, static_cast<long long>(bounds.messages), rounds);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::printf(
+        "%s\n  {\"bytes\": %lld, \"grpc_gib_per_s\": %.4f, \"tcp_gib_per_s\": %.4f, "
+        "\"ratio\": %.4f, \"grpc_latency_us\": %.1f, \"tcp_latency_us\": %.1f, "
+        "\"grpc_pings\": %zu, \"tcp_pings\": %zu}",
+        i == 0 ? "" : ",", static_cast<long long>(r.bytes), r.grpc.gib_per_s(), r.tcp.gib_per_s(),
+        r.grpc.gib_per_s() / r.tcp.gib_per_s(), Median(r.grpc_micros), Median(r.tcp_micros),
+        r.grpc_micros.size(), r.tcp_micros.size());
+  }
+  std::printf("\n]}\n");
+}
+
+template <typename T>
+bool Check(const absl::StatusOr<T>& result, const char* what, int64_t bytes) {
+  if (result.ok()) return true;
+  std::fprintf(stderr, "bench_transport: %s at %s: %s\n", what, SizeName(bytes).c_str(),
+               result.status().ToString().c_str());
+  return false;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{
+      "bench_transport: gRPC Pipe streaming vs raw TCP over loopback (throughput and latency)"};
+  std::string sizes_flag = "64K,256K,1M,4M,16M,64M";
+  Bounds bounds;
+  int rounds = 2;
+  std::string output = "table";
+  std::string malloc_mode = "tuned";
+  app.add_option("--sizes", sizes_flag, "Payload sizes, comma-separated (bytes, or with K/M)")
+      ->capture_default_str();
+  app.add_option("--seconds", bounds.seconds,
+                 "Time bound of each measurement (0: none; then --messages bounds it)")
+      ->capture_default_str();
+  app.add_option("--messages", bounds.messages,
+                 "Message bound of each measurement (0: none; --seconds bounds it)")
+      ->capture_default_str();
+  app.add_option("--rounds", rounds,
+                 "Repetitions of each measurement, gRPC and TCP interleaved "
+                 "(throughput: best round; latency: median of all pings)")
+      ->capture_default_str();
+  app.add_option("--output,-o", output, "Output format: table (Markdown) or json")
+      ->capture_default_str();
+  app.add_option("--malloc", malloc_mode,
+                 "tuned: TuneMallocForLargeMessages() as every Pipemare service calls it; "
+                 "default: glibc's defaults")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  auto sizes = ParseSizes(sizes_flag);
+  std::string error;
+  if (!sizes.ok()) {
+    error = std::string(sizes.status().message());
+  } else if (!(bounds.seconds >= 0) || bounds.seconds > 3600) {
+    error = absl::StrCat("--seconds: ", bounds.seconds, " is not in [0, 3600]");
+  } else if (bounds.messages < 0) {
+    error = absl::StrCat("--messages: ", bounds.messages, " is negative");
+  } else if (bounds.seconds == 0 && bounds.messages == 0) {
+    error = "--seconds, --messages: at least one must be positive, or a measurement never ends";
+  } else if (rounds < 1) {
+    error = absl::StrCat("--rounds: ", rounds, " is not positive");
+  } else if (output != "table" && output != "json") {
+    error = absl::StrCat("--output: '", output, "' is not one of table, json");
+  } else if (malloc_mode != "tuned" && malloc_mode != "default") {
+    error = absl::StrCat("--malloc: '", malloc_mode, "' is not one of tuned, default");
+  }
+  if (!error.empty()) {
+    std::fprintf(stderr, "bench_transport: %s\n", error.c_str());
+    return 2;
+  }
+
+  if (malloc_mode == "tuned") TuneMallocForLargeMessages();
+  GrpcPath grpc_path;
+  TcpPath tcp_path;
+  if (auto st = grpc_path.Start(); !st.ok()) {
+    std::fprintf(stderr, "bench_transport: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  if (auto st = tcp_path.Start(); !st.ok()) {
+    std::fprintf(stderr, "bench_transport: %s\n", st.ToString().c_str());
+    return 1;
+  }
+
+  std::vector<Row> rows;
+  for (int64_t bytes : *sizes) {
+    const Payload payload(bytes);
+    Row row;
+    row.bytes = bytes;
+    for (int round = 0; round < rounds; ++round) {
+      auto grpc_tp = grpc_path.MeasureThroughput(payload, bounds);
+      if (!Check(grpc_tp, "gRPC throughput", bytes)) return 1;
+      auto tcp_tp = tcp_path.MeasureThroughput(payload, bounds);
+      if (!Check(tcp_tp, "TCP throughput", bytes)) return 1;
+      auto grpc_lat = grpc_path.MeasureLatency(payload, bounds);
+      if (!Check(grpc_lat, "gRPC latency", bytes)) return 1;
+      auto tcp_lat = tcp_path.MeasureLatency(payload, bounds);
+      if (!Check(tcp_lat, "TCP latency", bytes)) return 1;
+      if (grpc_tp->gib_per_s() > row.grpc.gib_per_s()) row.grpc = *grpc_tp;
+      if (tcp_tp->gib_per_s() > row.tcp.gib_per_s()) row.tcp = *tcp_tp;
+      row.grpc_micros.insert(row.grpc_micros.end(), grpc_lat->begin(), grpc_lat->end());
+      row.tcp_micros.insert(row.tcp_micros.end(), tcp_lat->begin(), tcp_lat->end());
+      std::fprintf(stderr,
+                   "%s round %d: gRPC %.2f GiB/s, TCP %.2f GiB/s; latency gRPC %.0f µs, "
+                   "TCP %.0f µs\n",
+                   SizeName(bytes).c_str(), round + 1, grpc_tp->gib_per_s(), tcp_tp->gib_per_s(),
+                   Median(*grpc_lat), Median(*tcp_lat));
+    }
+    rows.push_back(std::move(row));
+  }
+  grpc_path.Stop();
+  tcp_path.Stop();
+
+  if (output == "json") {
+    PrintJson(rows, bounds, rounds);
+  } else {
+    PrintTable(rows);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pipemare::bench
+
+int main(int argc, char** argv) { return pipemare::bench::Main(argc, argv); }
