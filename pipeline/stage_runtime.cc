@@ -245,13 +245,16 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
     }
     // One real forward per input shape learns (and checks) the output shape.
     const std::vector<int64_t> in_shape = input.sizes().vec();
-    auto shape = virtual_out_shape_.find(in_shape);
-    if (shape == virtual_out_shape_.end()) {
+    auto shape = virtual_out_.find(in_shape);
+    if (shape == virtual_out_.end()) {
       torch::Tensor probe = module_->forward(torch::zeros_like(input).to(device_));
-      shape = virtual_out_shape_.emplace(in_shape, probe.sizes().vec()).first;
+      shape =
+          virtual_out_
+              .emplace(in_shape, torch::zeros(probe.sizes(), module_->parameters()[0].options()))
+              .first;
     }
     Busy(virtual_.forward_seconds_per_unit * units_);
-    out = torch::zeros(shape->second, module_->parameters()[0].options());
+    out = shape->second;  // shared and never written: no allocation per microbatch
   });
   if (!st.ok()) return st;
   if (train) Remember(microbatch, input, torch::Tensor());
@@ -348,7 +351,16 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
           ? Guard("virtual backward",
                   [&] {
                     Busy(virtual_.backward_seconds_per_unit * units_);
-                    if (!is_first()) grad_input = torch::zeros_like(saved.input);
+                    if (!is_first()) {
+                      auto zeros = virtual_zeros_.find(saved.input.sizes().vec());
+                      if (zeros == virtual_zeros_.end()) {
+                        zeros =
+                            virtual_zeros_
+                                .emplace(saved.input.sizes().vec(), torch::zeros_like(saved.input))
+                                .first;
+                      }
+                      grad_input = zeros->second;
+                    }
                   })
           : Guard(absl::StrCat("stage ", stage_, " backward").c_str(), [&] {
               auto params = module_->parameters();

@@ -196,8 +196,11 @@ class StageRuntime {
   const torch::Device device_;
   const int units_;
   const VirtualDevice virtual_;
-  // Virtual device: output shape by input shape, from one real forward each.
-  std::map<std::vector<int64_t>, std::vector<int64_t>> virtual_out_shape_;
+  // Virtual device: the (zero) output by input shape, its shape from one real
+  // forward each; and the (zero) input gradient by input shape. Shared and
+  // never written, so a virtual microbatch allocates nothing.
+  std::map<std::vector<int64_t>, torch::Tensor> virtual_out_;
+  std::map<std::vector<int64_t>, torch::Tensor> virtual_zeros_;
   torch::nn::Sequential module_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> velocity_;  // T2's δ, one per parameter
