@@ -17,7 +17,9 @@
 # MICROBATCHES_PER_STAGE=16, MICROBATCH=8, WIDTH=64, VIRTUAL=1,
 # WIRE_DTYPE=float32 (schedule.wire_dtype).
 # VIRTUAL=0 runs real compute instead, with one worker pinned per core
-# (WORKER_CPUS="0 1" by default): use it with PS=2 and a wider model.
+# (WORKER_CPUS="0 1" by default): use it with PS=2 and a wider model, e.g.
+# LAYERS="[784, 512, 2048, 512, 10]" (overrides the generated layer list;
+# utilization is then per stage of however many units it gets).
 #
 # Per run, OUT_DIR/NAME.json holds the job's status and each stage's
 # forward (train) and backward seconds, scraped from the workers' /metrics.
@@ -62,7 +64,7 @@ for p in $PS; do
       name="p${p}-n${n}-${schedule}"
       cat >"$work/spec.yaml" <<SPEC
 name: $name
-model: {type: mlp, layers: $(layers "$p"), activation: relu}
+model: {type: mlp, layers: ${LAYERS:-$(layers "$p")}, activation: relu}
 data: {type: mnist, path: data/mnist, train_limit: $((microbatches * MICROBATCH)), test_limit: $MICROBATCH}
 optimizer: {type: sgd, lr: 0.01}
 schedule: {type: $schedule, stages: $p, microbatch_size: $MICROBATCH, microbatches_per_step: $n,

@@ -41,10 +41,24 @@ T T2Velocity(const T& delta_t, const T& w_next, const T& w_t, double gamma) {
   return gamma * delta_t + (1.0 - gamma) * (w_next - w_t);
 }
 
+// The same update in place on a tensor (the stage runtime's form: one pass,
+// no temporaries): δ ← γ_i · δ + (1 - γ_i) · (w_{t+1} - w_t).
+template <typename Tensor>
+void T2VelocityInPlace(Tensor& delta, const Tensor& w_next, const Tensor& w_t, double gamma) {
+  delta.mul_(gamma).add_(w_next - w_t, 1.0 - gamma);
+}
+
 // T2, the backward weights: u_bkwd,i = w_{t,i} - τ_i · δ_{t,i}
 template <typename T>
 T T2BackwardWeights(const T& w_t, const T& delta_t, int tau) {
   return w_t - static_cast<double>(tau) * delta_t;
+}
+
+// The same in place on a tensor holding w_t (the stage runtime's form):
+// w ← w - τ_i · δ. The caller keeps a copy of w_t to restore.
+template <typename Tensor>
+void T2BackwardWeightsInPlace(Tensor& w, const Tensor& delta_t, int tau) {
+  w.add_(delta_t, -static_cast<double>(tau));
 }
 
 }  // namespace pipemare

@@ -315,18 +315,13 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
   return r;
 }
 
-std::vector<torch::Tensor> StageRuntime::BackwardWeights(const Saved& saved) const {
-  std::vector<torch::Tensor> u;
-  if (stashing_) {
-    if (saved.step == stats_.steps) return u;  // no update since the forward
-    return stash_.at(saved.step).weights;
-  }
-  if (!t2_enabled_ || stats_.steps < warmup_steps_) return u;
-  auto params = module_->parameters();
-  for (size_t j = 0; j < params.size(); ++j) {
-    u.push_back(T2BackwardWeights(params[j].detach(), velocity_[j], tau_));
-  }
-  return u;
+const std::vector<torch::Tensor>* StageRuntime::StashedWeights(const Saved& saved) const {
+  if (!stashing_ || saved.step == stats_.steps) return nullptr;  // no update since the forward
+  return &stash_.at(saved.step).weights;
+}
+
+bool StageRuntime::CorrectsDiscrepancy() const {
+  return t2_enabled_ && stats_.steps >= warmup_steps_;
 }
 
 absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
@@ -345,7 +340,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
                                             " of microbatch ", microbatch, " was not stashed"));
   }
   torch::Tensor grad_input;
-  double correction_sq = 0;
+  double correction = 0;
   absl::Status st =
       virtual_.enabled
           ? Guard("virtual backward",
@@ -374,19 +369,23 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
                   for (size_t j = 0; j < w_t.size(); ++j) params[j].copy_(w_t[j]);
                 }
               } restore{params, w_t};
-              auto u = BackwardWeights(saved);
-              if (!u.empty()) {
-                // Differentiate at u_bkwd, then restore w_t. Never in place under a
-                // live graph: the recompute below builds its graph after the swap.
+              // Differentiate at the backward weights (T2's u_bkwd, or the
+              // stashed version), then restore w_t. Never in place under a live
+              // graph: the recompute below builds its graph after the swap.
+              const std::vector<torch::Tensor>* stashed = StashedWeights(saved);
+              const bool t2 = CorrectsDiscrepancy();
+              if (stashed != nullptr || t2) {
                 torch::NoGradGuard no_grad;
-                torch::Tensor sq = torch::zeros({}, params[0].options().dtype(torch::kFloat64));
                 for (size_t j = 0; j < params.size(); ++j) {
                   w_t.push_back(params[j].detach().clone());
-                  sq += (u[j] - w_t[j]).pow(2).sum();
-                  params[j].copy_(u[j]);
+                  if (t2) {
+                    torch::Tensor w = params[j].detach();
+                    T2BackwardWeightsInPlace(w, velocity_[j], tau_);
+                  } else {
+                    params[j].copy_((*stashed)[j]);
+                  }
                 }
-                correction_sq =
-                    sq.item<double>();  // one device sync per backward, not one per tensor
+                if (t2) correction = t2_correction_norm_;
               }
               torch::Tensor x = saved.input.detach();
               if (!is_first()) x.requires_grad_(true);
@@ -419,7 +418,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
     delay_sum_ += static_cast<double>(stats_.last_delay);
     ++delay_count_;
     ++stats_.backwards;
-    stats_.t2_correction_norm = std::sqrt(correction_sq);
+    stats_.t2_correction_norm = correction;
     stats_.measured_delay = delay_sum_ / static_cast<double>(delay_count_);
   }
   if (++backwards_since_step_ == microbatches_per_step_) {
@@ -459,9 +458,14 @@ void StageRuntime::Step() {
   }
   if (t2_enabled_ && !virtual_.enabled) {
     torch::NoGradGuard no_grad;
+    double sq = 0;
     for (size_t j = 0; j < params.size(); ++j) {
-      velocity_[j] = T2Velocity(velocity_[j], params[j].detach(), w_t[j], t2_gamma_);
+      T2VelocityInPlace(velocity_[j], params[j].detach(), w_t[j], t2_gamma_);
+      sq += velocity_[j].to(torch::kFloat64).square().sum().item<double>();
     }
+    // ||u_bkwd - w_t|| = τ_i ||δ||, fixed until the next step: once per step,
+    // not per backward.
+    t2_correction_norm_ = tau_ * std::sqrt(sq);
   }
   std::lock_guard<std::mutex> lock(stats_mu_);
   ++stats_.steps;

@@ -174,9 +174,11 @@ class StageRuntime {
   // Saves what the backward of a training forward needs: the stage input,
   // the targets (last stage) and, under pipedream, the weight version.
   void Remember(uint64_t microbatch, const torch::Tensor& input, const torch::Tensor& targets);
-  // The weights the backward of `saved` differentiates at, or empty for the
-  // current ones: T2's u_bkwd (pipemare), the stashed version (pipedream).
-  std::vector<torch::Tensor> BackwardWeights(const Saved& saved) const;
+  // The weights the backward of `saved` differentiates at, when not the
+  // current w_t: the stashed version (pipedream; null when none is needed),
+  // or T2's u_bkwd = w_t - τ_i δ (pipemare after any warm-up).
+  const std::vector<torch::Tensor>* StashedWeights(const Saved& saved) const;
+  bool CorrectsDiscrepancy() const;
   void Step();
 
   const int stage_;
@@ -204,6 +206,7 @@ class StageRuntime {
   torch::nn::Sequential module_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> velocity_;  // T2's δ, one per parameter
+  double t2_correction_norm_ = 0;        // τ_i ||δ||, updated at each step
   std::map<uint64_t, Saved> saved_;
   std::map<int64_t, Stash> stash_;  // by weight version; pipedream only
   int backwards_since_step_ = 0;

@@ -397,6 +397,14 @@ class T2Reference {
   }
 
   const std::vector<torch::Tensor>& weights() const { return w_; }
+  // ||u_bkwd - w_t|| for the next backward, computed the long way.
+  double CorrectionNorm() const {
+    double sq = 0;
+    for (size_t j = 0; j < w_.size(); ++j) {
+      sq += (T2BackwardWeights(w_[j], delta_[j], tau_) - w_[j]).pow(2).sum().item<double>();
+    }
+    return std::sqrt(sq);
+  }
 
  private:
   torch::nn::Sequential module_;
@@ -436,9 +444,11 @@ TEST(StageRuntimePipeMareTest, T2BackwardAtDiscrepancyCorrectedWeights) {
   }
   for (int m = 0; m < 3; ++m) {
     ASSERT_TRUE(rt->Forward(m + 1, xs[m], true).ok());
+    const double correction = ref.CorrectionNorm();
     auto gi = rt->Backward(m + 1, gs[m]);
     ASSERT_TRUE(gi.ok()) << gi.status();
     EXPECT_FALSE(gi->defined()) << "stage 0 has no input gradient";
+    EXPECT_NEAR(rt->Stats().t2_correction_norm, correction, 1e-6 + 1e-5 * correction);
     ref.Step(xs[m], gs[m]);
     EXPECT_EQ(rt->Stats().steps, m + 1);
     EXPECT_DOUBLE_EQ(rt->Stats().learning_rate, 0.1);
