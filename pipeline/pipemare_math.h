@@ -54,12 +54,6 @@ T T2BackwardWeights(const T& w_t, const T& delta_t, int tau) {
   return w_t - static_cast<double>(tau) * delta_t;
 }
 
-// The same in place on a tensor holding w_t (the stage runtime's form):
-// w ← w - τ_i · δ. The caller keeps a copy of w_t to restore.
-template <typename Tensor>
-void T2BackwardWeightsInPlace(Tensor& w, const Tensor& delta_t, int tau) {
-  w.add_(delta_t, -static_cast<double>(tau));
-}
 
 }  // namespace pipemare
 

@@ -360,30 +360,27 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
           : Guard(absl::StrCat("stage ", stage_, " backward").c_str(), [&] {
               auto params = module_->parameters();
               std::vector<torch::Tensor> w_t;
-              // Restores w_t on every exit, also when the backward throws.
+              // Puts w_t's storage back on every exit, also when the backward
+              // throws: the live weights themselves are never written here.
               struct Restore {
                 std::vector<torch::Tensor>& params;
                 std::vector<torch::Tensor>& w_t;
                 ~Restore() {
-                  torch::NoGradGuard no_grad;
-                  for (size_t j = 0; j < w_t.size(); ++j) params[j].copy_(w_t[j]);
+                  for (size_t j = 0; j < w_t.size(); ++j) params[j].set_data(w_t[j]);
                 }
               } restore{params, w_t};
               // Differentiate at the backward weights (T2's u_bkwd, or the
-              // stashed version), then restore w_t. Never in place under a live
-              // graph: the recompute below builds its graph after the swap.
+              // stashed version) by pointing each parameter at them: no copy of
+              // w_t, one pass to form u_bkwd, none for a stash. The recompute
+              // below builds its graph after the swap.
               const std::vector<torch::Tensor>* stashed = StashedWeights(saved);
               const bool t2 = CorrectsDiscrepancy();
               if (stashed != nullptr || t2) {
                 torch::NoGradGuard no_grad;
                 for (size_t j = 0; j < params.size(); ++j) {
-                  w_t.push_back(params[j].detach().clone());
-                  if (t2) {
-                    torch::Tensor w = params[j].detach();
-                    T2BackwardWeightsInPlace(w, velocity_[j], tau_);
-                  } else {
-                    params[j].copy_((*stashed)[j]);
-                  }
+                  w_t.push_back(params[j].data());
+                  params[j].set_data(t2 ? T2BackwardWeights(w_t[j], velocity_[j], tau_)
+                                        : (*stashed)[j]);
                 }
                 if (t2) correction = t2_correction_norm_;
               }
