@@ -458,7 +458,8 @@ void StageRuntime::Step() {
     double sq = 0;
     for (size_t j = 0; j < params.size(); ++j) {
       T2VelocityInPlace(velocity_[j], params[j].detach(), w_t[j], t2_gamma_);
-      sq += velocity_[j].to(torch::kFloat64).square().sum().item<double>();
+      const double norm = velocity_[j].norm().item<double>();
+      sq += norm * norm;
     }
     // ||u_bkwd - w_t|| = τ_i ||δ||, fixed until the next step: once per step,
     // not per backward.
