@@ -4,6 +4,7 @@
 # removed with every process on exit) and $worker_pids. Needs $bin.
 # WORKER_FLAGS: more pipemare-worker flags (e.g. --virtual-device 4,8).
 # WORKER_CPUS: CPU ids to pin workers to, round robin (e.g. "0 1").
+# Also defines ctl (pipemarectl on this cluster), run_job and mlp_layers.
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 "$bin/pipemare-coordinator" --listen 127.0.0.1:0 --address-file "$work/addr" \
@@ -32,3 +33,27 @@ if [ "$idle" -lt "$1" ]; then
   echo "cluster.sh: only $idle of $1 workers became IDLE in 120 s; logs in $work" >&2
   exit 1
 fi
+
+ctl() { "$bin/pipemarectl" --coordinator "$addr" "$@"; }
+
+# run_job SPEC STATUS_JSON: submits SPEC, waits until the job ends, leaves
+# its final status in STATUS_JSON and prints the job id.
+run_job() {
+  local id
+  id=$(ctl submit "$1" --output json | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+  while true; do
+    ctl status "$id" --output json >"$2"
+    case $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["state"])' "$2") in
+      SUCCEEDED | FAILED | CANCELLED) break ;;
+    esac
+    sleep 0.5
+  done
+  echo "$id"
+}
+
+# mlp_layers P WIDTH: "[784, WIDTH x (P-1), 10]", an MNIST MLP of P units.
+mlp_layers() {
+  local s="784"
+  for _ in $(seq $(($1 - 1))); do s="$s, $2"; done
+  echo "[$s, 10]"
+}

@@ -37,13 +37,6 @@ mkdir -p "$out"
 max_p=0
 for p in $PS; do [ "$p" -gt "$max_p" ] && max_p=$p; done
 source "$root/bench/cluster.sh" "$max_p"
-ctl() { "$bin/pipemarectl" --coordinator "$addr" "$@"; }
-
-layers() {  # 784, P-1 hidden layers of WIDTH, 10: P units
-  local p=$1 s="784"
-  for _ in $(seq $((p - 1))); do s="$s, $WIDTH"; done
-  echo "[$s, 10]"
-}
 
 cd "$root"
 for p in $PS; do
@@ -63,7 +56,7 @@ for p in $PS; do
         fi
         cat >"$work/spec.yaml" <<EOF
 name: $name
-model: {type: mlp, layers: $(layers "$p"), activation: relu, init: he}
+model: {type: mlp, layers: $(mlp_layers "$p" "$WIDTH"), activation: relu, init: he}
 data: {type: mnist, path: data/mnist, train_limit: $TRAIN_LIMIT, test_limit: $TEST_LIMIT}
 optimizer: $optimizer
 schedule: {type: $schedule, stages: $p, microbatch_size: 64, microbatches_per_step: $n,

@@ -15,7 +15,6 @@ cd "$root"
 run() {  # $1 = epochs; prints "steps rss_stage0_kib ... rss_stage3_kib"
   (
     source "$root/bench/cluster.sh" 4
-    ctl() { "$bin/pipemarectl" --coordinator "$addr" "$@"; }
     cat >"$work/spec.yaml" <<SPEC
 name: memory-$1
 model: {type: mlp, layers: [784, 512, 512, 256, 10], activation: relu}
@@ -25,14 +24,7 @@ schedule: {type: $SCHEDULE, stages: 4, microbatch_size: 64, microbatches_per_ste
            lr_anneal_steps: 500, discrepancy_decay: 0.1}
 train: {epochs: $1, seed: 1}
 SPEC
-    id=$(ctl submit "$work/spec.yaml" --output json |
-      python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-    while true; do
-      ctl status "$id" --output json >"$work/status.json"
-      case $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["state"])' \
-        "$work/status.json") in SUCCEEDED | FAILED | CANCELLED) break ;; esac
-      sleep 0.5
-    done
+    run_job "$work/spec.yaml" "$work/status.json" >/dev/null
     steps=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["progress"]["step"])' \
       "$work/status.json")
     line="$steps"

@@ -47,13 +47,6 @@ else
   export WORKER_CPUS=${WORKER_CPUS:-"0 1"}
 fi
 source "$root/bench/cluster.sh" "$max_p"
-ctl() { "$bin/pipemarectl" --coordinator "$addr" "$@"; }
-
-layers() {  # 784, P-1 hidden layers of WIDTH, 10: P units
-  local p=$1 s="784"
-  for _ in $(seq $((p - 1))); do s="$s, $WIDTH"; done
-  echo "[$s, 10]"
-}
 
 cd "$root"
 for p in $PS; do
@@ -64,21 +57,14 @@ for p in $PS; do
       name="p${p}-n${n}-${schedule}"
       cat >"$work/spec.yaml" <<SPEC
 name: $name
-model: {type: mlp, layers: ${LAYERS:-$(layers "$p")}, activation: relu}
+model: {type: mlp, layers: ${LAYERS:-$(mlp_layers "$p" "$WIDTH")}, activation: relu}
 data: {type: mnist, path: data/mnist, train_limit: $((microbatches * MICROBATCH)), test_limit: $MICROBATCH}
 optimizer: {type: sgd, lr: 0.01}
 schedule: {type: $schedule, stages: $p, microbatch_size: $MICROBATCH, microbatches_per_step: $n,
            lr_anneal_steps: 100, discrepancy_decay: 0.1, wire_dtype: $WIRE_DTYPE}
 train: {epochs: 1, seed: 1, shuffle: false}
 SPEC
-      id=$(ctl submit "$work/spec.yaml" --output json |
-        python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-      while true; do
-        ctl status "$id" --output json >"$work/status.json"
-        case $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["state"])' \
-          "$work/status.json") in SUCCEEDED | FAILED | CANCELLED) break ;; esac
-        sleep 0.5
-      done
+      id=$(run_job "$work/spec.yaml" "$work/status.json")
       : >"$work/metrics.txt"
       for target in $(ctl workers --output json | python3 -c '
 import json, sys

@@ -16,7 +16,6 @@ TRAIN_LIMIT=${TRAIN_LIMIT:-0}
 MICROBATCH=${MICROBATCH:-64}
 export WORKER_CPUS=${WORKER_CPUS:-"0 1"}
 source "$root/bench/cluster.sh" 2
-ctl() { "$bin/pipemarectl" --coordinator "$addr" "$@"; }
 cd "$root"
 echo "| run | samples/s | test accuracy | ratio to one process |"
 echo "|---|---|---|---|"
@@ -38,14 +37,7 @@ schedule: {type: $schedule, stages: 2, microbatch_size: $MICROBATCH, microbatche
            lr_anneal_steps: 500, discrepancy_decay: 0.1}
 train: {epochs: $EPOCHS, seed: 1}
 SPEC
-  id=$(ctl submit "$work/spec.yaml" --output json |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-  while true; do
-    ctl status "$id" --output json >"$work/status.json"
-    case $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["state"])' \
-      "$work/status.json") in SUCCEEDED | FAILED | CANCELLED) break ;; esac
-    sleep 0.5
-  done
+  run_job "$work/spec.yaml" "$work/status.json" >/dev/null
   python3 - "$work/status.json" "$single_sps" "$schedule" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
