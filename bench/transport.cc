@@ -234,18 +234,6 @@ class GrpcPath {
     return Open(v1::StreamOpen::INPUT_FEED, &ping_);
   }
 
-  absl::StatusOr<Throughput> MeasureThroughput(const Payload& payload, const Bounds& bounds) {
-    const Bounds warmup{0, std::max<int64_t>(2, kWarmupBytes / payload.bytes())};
-    if (auto r = Burst(payload, warmup); !r.ok()) return r.status();
-    return Burst(payload, bounds);
-  }
-
-  // Round trips in microseconds, after a few untimed ones.
-  absl::StatusOr<std::vector<double>> MeasureLatency(const Payload& payload, const Bounds& bounds) {
-    if (auto r = PingPong(payload, Bounds{0, 3}); !r.ok()) return r.status();
-    return PingPong(payload, bounds);
-  }
-
   // Ends both streams, then the server. Safe to call twice.
   void Stop() {
     for (Stream* s : {&bulk_, &ping_}) {
@@ -307,6 +295,8 @@ class GrpcPath {
     wire->set_data(payload.data(), payload.bytes());
   }
 
+ public:
+  // One timed measurement; see MeasureThroughput and MeasureLatency.
   absl::StatusOr<Throughput> Burst(const Payload& payload, const Bounds& bounds) {
     if (!bulk_.stream) return absl::FailedPreconditionError("gRPC throughput stream is closed");
     v1::StageMessage message;
@@ -347,6 +337,7 @@ class GrpcPath {
     return micros;
   }
 
+ private:
   PipeSink service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -486,17 +477,6 @@ class TcpPath {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<Throughput> MeasureThroughput(const Payload& payload, const Bounds& bounds) {
-    const Bounds warmup{0, std::max<int64_t>(2, kWarmupBytes / payload.bytes())};
-    if (auto r = Burst(payload, warmup); !r.ok()) return r.status();
-    return Burst(payload, bounds);
-  }
-
-  absl::StatusOr<std::vector<double>> MeasureLatency(const Payload& payload, const Bounds& bounds) {
-    if (auto r = PingPong(payload, Bounds{0, 3}); !r.ok()) return r.status();
-    return PingPong(payload, bounds);
-  }
-
   // Closing the client's end ends the server's loop; then join it.
   void Stop() {
     if (client_.fd() >= 0) ::shutdown(client_.fd(), SHUT_RDWR);
@@ -560,6 +540,8 @@ class TcpPath {
     return absl::OkStatus();
   }
 
+ public:
+  // One timed measurement; see MeasureThroughput and MeasureLatency.
   absl::StatusOr<Throughput> Burst(const Payload& payload, const Bounds& bounds) {
     if (client_.fd() < 0) return absl::FailedPreconditionError("TCP connection is closed");
     const FrameHeader data{kData, 0, 0, static_cast<uint64_t>(payload.bytes())};
@@ -601,6 +583,7 @@ class TcpPath {
     return micros;
   }
 
+ private:
   Socket client_;
   std::thread server_;
   absl::Status server_status_;  // written by server_, read after join
@@ -696,6 +679,23 @@ bool Check(const absl::StatusOr<T>& result, const char* what, int64_t bytes) {
   return false;
 }
 
+// Throughput of a burst after an untimed warm-up burst, on either path.
+template <typename Path>
+absl::StatusOr<Throughput> MeasureThroughput(Path& path, const Payload& payload,
+                                             const Bounds& bounds) {
+  const Bounds warmup{0, std::max<int64_t>(2, kWarmupBytes / payload.bytes())};
+  if (auto r = path.Burst(payload, warmup); !r.ok()) return r.status();
+  return path.Burst(payload, bounds);
+}
+
+// Round trips in microseconds, after a few untimed ones, on either path.
+template <typename Path>
+absl::StatusOr<std::vector<double>> MeasureLatency(Path& path, const Payload& payload,
+                                                   const Bounds& bounds) {
+  if (auto r = path.PingPong(payload, Bounds{0, 3}); !r.ok()) return r.status();
+  return path.PingPong(payload, bounds);
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{
       "bench_transport: gRPC Pipe streaming vs raw TCP over loopback (throughput and latency)"};
@@ -764,13 +764,13 @@ int Main(int argc, char** argv) {
     Row row;
     row.bytes = bytes;
     for (int round = 0; round < rounds; ++round) {
-      auto grpc_tp = grpc_path.MeasureThroughput(payload, bounds);
+      auto grpc_tp = MeasureThroughput(grpc_path, payload, bounds);
       if (!Check(grpc_tp, "gRPC throughput", bytes)) return 1;
-      auto tcp_tp = tcp_path.MeasureThroughput(payload, bounds);
+      auto tcp_tp = MeasureThroughput(tcp_path, payload, bounds);
       if (!Check(tcp_tp, "TCP throughput", bytes)) return 1;
-      auto grpc_lat = grpc_path.MeasureLatency(payload, bounds);
+      auto grpc_lat = MeasureLatency(grpc_path, payload, bounds);
       if (!Check(grpc_lat, "gRPC latency", bytes)) return 1;
-      auto tcp_lat = tcp_path.MeasureLatency(payload, bounds);
+      auto tcp_lat = MeasureLatency(tcp_path, payload, bounds);
       if (!Check(tcp_lat, "TCP latency", bytes)) return 1;
       if (grpc_tp->gib_per_s() > row.grpc.gib_per_s()) row.grpc = *grpc_tp;
       if (tcp_tp->gib_per_s() > row.tcp.gib_per_s()) row.tcp = *tcp_tp;
