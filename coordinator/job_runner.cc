@@ -411,8 +411,10 @@ absl::Status JobRunner::Impl::Run() {
   }
   // Asynchronous 1F1B keeps P microbatches in flight, plus one prefetched so
   // that stage 0 never waits a round trip to the coordinator for its next
-  // input; gpipe (and a warm-up) sends N and waits for all N backwards (the
-  // flush) before the next step.
+  // input. gpipe (and a warm-up) keeps one step (N) in flight plus the next
+  // step's N prefetched: each stage's plan already runs a step's N forwards
+  // only after the previous step's update, so the coordinator need not flush
+  // (and its round trip stays off the critical path).
   const bool gpipe = sched.type() == "gpipe";
   const int64_t eval_mbs = std::max<int64_t>(mbs, 256);
   uint64_t next_id = 1;
@@ -437,11 +439,10 @@ absl::Status JobRunner::Impl::Run() {
                 absl::StrCat("synchronous warm-up done after ", warmup_steps,
                              " steps; switching to asynchronous ", sched.type()));
       }
-      const int64_t window = sync ? N : P_ + 1;
+      const int64_t window = sync ? 2 * N : P_ + 1;
       st = WaitUntil([&] { return in_flight_ < window; });
       if (st.ok()) st = SendMicrobatch(*train, order, j * mbs, mbs, next_id++, v1::TRAIN);
       if (st.ok()) ++in_flight_;
-      if (st.ok() && sync && (j + 1) % N == 0) st = WaitUntil([&] { return in_flight_ == 0; });
     }
     if (st.ok()) st = WaitUntil([&] { return in_flight_ == 0; });
     train_seconds_ += std::chrono::duration<double>(Clock::now() - epoch_train_start_).count();

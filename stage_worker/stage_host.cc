@@ -1,5 +1,6 @@
 #include "stage_worker/stage_host.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -36,9 +37,11 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
     return absl::InvalidArgumentError("steps_per_epoch: required, >= 1 (the plan's length)");
   }
   host->wire_dtype_ = WireScalarType(a.schedule().wire_dtype());
-  // The coordinator keeps at most P (+1 prefetched) microbatches in flight,
-  // so these bounds only bite on a misbehaving peer: then they push back.
-  const size_t window = static_cast<size_t>(a.num_stages()) + 2;
+  // The coordinator keeps at most P + 1 (asynchronous) or 2N (synchronous)
+  // microbatches in flight, so these bounds only bite on a misbehaving peer:
+  // then they push back.
+  const size_t window =
+      static_cast<size_t>(std::max(a.num_stages(), 2 * a.schedule().microbatches_per_step())) + 2;
   host->inbox_capacity_ = window;
   for (Side side : {Side::kUpstream, Side::kDownstream, Side::kTargets}) {
     StageHost* h = host.get();
