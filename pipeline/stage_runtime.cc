@@ -470,8 +470,9 @@ void StageRuntime::Step() {
   stats_.learning_rate = lr;
   stats_.last_grad_norm = grad_norm;
   if (warmup_steps_ > 0 && stats_.steps == warmup_steps_) {
-    // The switch: every backward of the warm-up is done (the coordinator
-    // flushes each synchronous step), so delays from here on are τ_i's.
+    // The switch: every backward of the warm-up is done (each stage's plan
+    // runs a synchronous step's N backwards before its update), so delays
+    // from here on are τ_i's.
     stats_.async_from_step = stats_.steps;
     delay_sum_ = 0;
     delay_count_ = 0;
