@@ -54,7 +54,6 @@ T T2BackwardWeights(const T& w_t, const T& delta_t, int tau) {
   return w_t - static_cast<double>(tau) * delta_t;
 }
 
-
 }  // namespace pipemare
 
 #endif  // PIPEMARE_PIPELINE_PIPEMARE_MATH_H_
