@@ -34,7 +34,8 @@ JobManager::~JobManager() {
 absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec) {
   ApplyJobSpecDefaults(spec);
   if (auto st = ValidateJobSpec(spec); !st.ok()) return st;
-  if (auto st = CheckMnistDir(spec.data().path()); !st.ok()) return st;
+  // The data files' headers and labels against the model: refuse now, not when it runs.
+  if (auto st = CheckDataset(spec); !st.ok()) return st;
   v1::JobStatus job = store_->Create(spec);
   LogInfo(ForJob(job.id()), absl::StrCat("accepted '", spec.name(), "' (", spec.schedule().type(),
                                          ", ", spec.schedule().stages(), " stages): PENDING"));

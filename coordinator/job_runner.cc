@@ -377,12 +377,23 @@ absl::Status JobRunner::Impl::Run() {
                })
       .IgnoreError();
 
-  auto train = LoadMnist(spec_.data().path(), true, spec_.data().train_limit());
-  if (!train.ok())
-    return absl::InvalidArgumentError(absl::StrCat("data.path: ", train.status().message()));
-  auto test = LoadMnist(spec_.data().path(), false, spec_.data().test_limit());
-  if (!test.ok())
-    return absl::InvalidArgumentError(absl::StrCat("data.path: ", test.status().message()));
+  auto data = LoadDataset(spec_.data());
+  if (!data.ok()) return absl::InvalidArgumentError(data.status().message());
+  // Checked at submit; the files may have changed since.
+  const auto& layers = spec_.model().layers();
+  if (layers[0] != data->train.features() || layers[layers.size() - 1] < data->classes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.layers: the data now has ", data->train.features(), " pixels and ",
+                     data->classes, " classes, which model.layers (", layers[0], " in, ",
+                     layers[layers.size() - 1], " out) does not fit"));
+  }
+  const ImageDataset* train = &data->train;
+  const ImageDataset* test = &data->test;
+  LogInfo(ForJob(r_.job_id_),
+          absl::StrCat("data: ", train->count, " train and ", test->count, " test images of ",
+                       train->rows, "x", train->cols, ", ", data->classes,
+                       " classes, normalised with mean ", data->normalisation.mean, " std ",
+                       data->normalisation.std));
   steps_per_epoch_ = (train->count / mbs) / N;
   if (steps_per_epoch_ < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -8,6 +8,7 @@
 #include <regex>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -308,8 +309,27 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (auto st = OneOf("model.init", m.init(), {"torch", "he"}); !st.ok()) return st;
   // data
   const auto& d = spec.data();
-  if (auto st = OneOf("data.type", d.type(), {"mnist"}); !st.ok()) return st;
-  if (d.path().empty()) return Bad("data.path", "required: the directory with the MNIST idx files");
+  if (auto st = OneOf("data.type", d.type(), {"idx", "mnist"}); !st.ok()) return st;
+  const std::pair<const char*, const std::string*> files[] = {
+      {"data.train_images", &d.train_images()},
+      {"data.train_labels", &d.train_labels()},
+      {"data.test_images", &d.test_images()},
+      {"data.test_labels", &d.test_labels()}};
+  bool any_file = false;
+  for (const auto& [field, value] : files) any_file |= !value->empty();
+  for (const auto& [field, value] : files) {
+    if (any_file && value->empty()) {
+      return Bad(field,
+                 "required with the other file fields: give all of data.train_images, "
+                 "data.train_labels, data.test_images and data.test_labels, or none");
+    }
+  }
+  if (!any_file && d.path().empty()) {
+    return Bad("data.path",
+               "required: the directory with the four idx files (train-images-idx3-ubyte, ...), "
+               "unless data.train_images, data.train_labels, data.test_images and "
+               "data.test_labels are given");
+  }
   if (d.train_limit() < 0) return Bad("data.train_limit", "must be >= 0 (0 = all)");
   if (d.test_limit() < 0) return Bad("data.test_limit", "must be >= 0 (0 = all)");
   if (d.type() == "mnist") {

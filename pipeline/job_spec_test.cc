@@ -383,6 +383,45 @@ TEST(JobSpecValidateTest, OtherBadEnumValues) {
                 "optimizer.type", "sgd, adam, adamw");
 }
 
+TEST(JobSpecValidateTest, IdxDataTakesAPathOrAllFourFiles) {
+  auto idx = [](v1::JobSpec& s) {
+    s.mutable_data()->set_type("idx");
+    s.mutable_model()->clear_layers();
+    for (int w : {100, 64, 32, 16, 7}) s.mutable_model()->add_layers(w);  // sizes: at submit
+  };
+  EXPECT_TRUE(ValidateMutated(idx).ok()) << ValidateMutated(idx);
+  auto files = [&](v1::JobSpec& s) {
+    idx(s);
+    s.mutable_data()->clear_path();
+    s.mutable_data()->set_train_images("/d/a");
+    s.mutable_data()->set_train_labels("/d/b");
+    s.mutable_data()->set_test_images("/d/c");
+    s.mutable_data()->set_test_labels("/d/d");
+  };
+  EXPECT_TRUE(ValidateMutated(files).ok()) << ValidateMutated(files);
+  ExpectInvalid(ValidateMutated([&](v1::JobSpec& s) {
+                  files(s);
+                  s.mutable_data()->clear_test_labels();
+                }),
+                "data.test_labels", "all of data.train_images");
+  ExpectInvalid(ValidateMutated([&](v1::JobSpec& s) {
+                  idx(s);
+                  s.mutable_data()->set_train_images("a");
+                }),
+                "data.train_labels", "or none");
+  ExpectInvalid(ValidateMutated([&](v1::JobSpec& s) {
+                  idx(s);
+                  s.mutable_data()->clear_path();
+                }),
+                "data.path", "required");
+  // mnist keeps its fixed sizes.
+  ExpectInvalid(ValidateMutated([&](v1::JobSpec& s) {
+                  idx(s);
+                  s.mutable_data()->set_type("mnist");
+                }),
+                "model.layers[0]", "784");
+}
+
 TEST(JobSpecValidateTest, EveryActivationIsAccepted) {
   for (const char* act : {"relu", "tanh", "gelu", "sigmoid"}) {
     EXPECT_TRUE(
@@ -635,7 +674,8 @@ namespace {
 
 // The shipped examples are valid specs (the README's main job runs one).
 TEST(JobSpecExamplesTest, ShippedExamplesValidate) {
-  for (const char* name : {"mnist_pipemare.yaml", "mnist_gpipe.yaml"}) {
+  for (const char* name :
+       {"mnist_pipemare.yaml", "mnist_gpipe.yaml", "fashion_mnist_pipemare.yaml"}) {
     auto spec = LoadJobSpecFile(std::string(PIPEMARE_EXAMPLES_DIR) + "/" + name);
     ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
     ApplyJobSpecDefaults(*spec);

@@ -1,135 +1,341 @@
 #include "pipeline/mnist.h"
 
-#include <fstream>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace pipemare {
 namespace {
 
-constexpr float kMean = 0.1307f;
-constexpr float kStd = 0.3081f;
-
-uint32_t BigEndian(const unsigned char* b) {
-  return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | b[3];
+int64_t BigEndian(const unsigned char* b) {
+  return (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | b[3];
 }
 
-struct IdxHeader {
-  int dims = 0;
-  std::vector<uint32_t> sizes;
+// "field: message", or the message alone for a file not from a spec.
+absl::Status Fail(const DataFile& f, absl::StatusCode code, const std::string& message) {
+  return absl::Status(code, f.field.empty() ? message : absl::StrCat(f.field, ": ", message));
+}
+absl::Status Invalid(const DataFile& f, const std::string& message) {
+  return Fail(f, absl::StatusCode::kInvalidArgument, message);
+}
+
+struct GzClose {
+  void operator()(gzFile_s* f) const { gzclose(f); }
 };
 
-absl::StatusOr<IdxHeader> ReadHeader(std::ifstream& in, const std::string& path,
-                                     int expected_dims) {
-  unsigned char magic[4];
-  if (!in.read(reinterpret_cast<char*>(magic), 4)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": truncated idx header"));
+// An open idx file (plain or gzipped) whose header has been read and checked:
+// sizes[i] is dimension i's size.
+struct IdxReader {
+  DataFile file;
+  std::unique_ptr<gzFile_s, GzClose> gz;
+  std::vector<int64_t> sizes;
+};
+
+// Reads up to `n` bytes into `out`, growing it with what arrives, so a header
+// that promises too much costs no more memory than the file holds. Returns
+// the bytes read; fewer than `n` means the file ended. Corrupt gzip data and
+// read errors are errors.
+absl::StatusOr<int64_t> ReadUpTo(IdxReader& r, int64_t n, std::vector<unsigned char>& out) {
+  int64_t got = 0;
+  out.clear();
+  while (got < n) {
+    const int64_t want = std::min({n - got, std::max<int64_t>(got, 1 << 16), int64_t{1} << 30});
+    out.resize(got + want);
+    const int read = gzread(r.gz.get(), out.data() + got, static_cast<unsigned>(want));
+    if (read > 0) got += read;
+    if (read < want) break;
   }
-  if (magic[0] != 0 || magic[1] != 0 || magic[2] != 0x08 || magic[3] != expected_dims) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not an idx file of unsigned bytes with ", expected_dims,
-                     " dimensions (bad magic number); is this the uncompressed MNIST file?"));
+  out.resize(got);
+  int err = Z_OK;
+  // zlib's message starts with the path: keep only the fault. Z_BUF_ERROR is
+  // gzip data that ends mid-stream.
+  absl::string_view message = gzerror(r.gz.get(), &err);
+  absl::ConsumePrefix(&message, r.file.path + ": ");
+  if (err != Z_OK) {
+    return Invalid(r.file,
+                   gzdirect(r.gz.get())
+                       ? absl::StrCat(r.file.path, ": read error (", message, ")")
+                       : absl::StrCat(r.file.path, ": corrupt gzip data (zlib: ", message, ")"));
   }
-  IdxHeader h;
-  h.dims = expected_dims;
-  for (int i = 0; i < expected_dims; ++i) {
-    unsigned char b[4];
-    if (!in.read(reinterpret_cast<char*>(b), 4)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": truncated idx header"));
+  return got;
+}
+
+// Opens an idx file of unsigned bytes with `dims` dimensions and reads its
+// header. zlib tells gzip (magic bytes 1f 8b) from a plain file by content.
+absl::StatusOr<IdxReader> OpenIdx(const DataFile& f, int dims) {
+  IdxReader r{f, std::unique_ptr<gzFile_s, GzClose>(gzopen(f.path.c_str(), "rb")), {}};
+  if (!r.gz) {
+    std::string hint;
+    if (f.field == "data.path") {
+      hint = absl::StrCat("; data.path must be a directory holding ", kMnistTrainImages, ", ",
+                          kMnistTrainLabels, ", ", kMnistTestImages, " and ", kMnistTestLabels,
+                          " (each plain or .gz; scripts/dev.sh fetches MNIST into data/mnist)");
     }
-    h.sizes.push_back(BigEndian(b));
+    return Fail(f, absl::StatusCode::kNotFound,
+                absl::StrCat(f.path, ": file not found or unreadable", hint));
   }
-  return h;
+  gzbuffer(r.gz.get(), 1 << 17);
+  std::vector<unsigned char> header;
+  auto got = ReadUpTo(r, 4 + 4 * dims, header);
+  if (!got.ok()) return got.status();
+  if (*got >= 4) {
+    const int64_t magic = BigEndian(header.data());
+    const int64_t expected = 0x0800 + dims;
+    if (magic != expected) {
+      return Invalid(
+          f, absl::StrCat(f.path, ": bad magic number 0x", absl::Hex(magic, absl::kZeroPad8),
+                          ", expected 0x", absl::Hex(expected, absl::kZeroPad8),
+                          " (an idx file of unsigned bytes with ", dims, " dimensions)"));
+    }
+  }
+  if (*got < 4 + 4 * dims) {
+    return Invalid(
+        f, absl::StrCat(f.path, ": truncated idx header (", *got, " of ", 4 + 4 * dims, " bytes)"));
+  }
+  for (int i = 0; i < dims; ++i) r.sizes.push_back(BigEndian(header.data() + 4 + 4 * i));
+  return r;
 }
 
-absl::StatusOr<std::ifstream> Open(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": file not found or unreadable"));
+// An image file and its label file, headers checked against each other.
+struct IdxPair {
+  IdxReader images, labels;
+  int64_t count() const { return images.sizes[0]; }
+  int64_t rows() const { return images.sizes[1]; }
+  int64_t cols() const { return images.sizes[2]; }
+};
+
+absl::StatusOr<IdxPair> OpenPair(const DataFile& images_file, const DataFile& labels_file) {
+  auto images = OpenIdx(images_file, 3);
+  if (!images.ok()) return images.status();
+  const int64_t count = images->sizes[0], rows = images->sizes[1], cols = images->sizes[2];
+  // Caps that keep count * rows * cols well inside int64.
+  if (rows < 1 || cols < 1 || rows > (1 << 16) || cols > (1 << 16) ||
+      count > (int64_t{1} << 50) / (rows * cols)) {
+    return Invalid(images_file, absl::StrCat(images_file.path, ": corrupt header: ", count,
+                                             " images of ", rows, "x", cols, " pixels"));
   }
-  return in;
+  auto labels = OpenIdx(labels_file, 1);
+  if (!labels.ok()) return labels.status();
+  if (labels->sizes[0] != count) {
+    return Invalid(images_file,
+                   absl::StrCat(images_file.path, " has ", count, " images but ", labels_file.path,
+                                " has ", labels->sizes[0], " labels"));
+  }
+  return IdxPair{std::move(*images), std::move(*labels)};
 }
 
-std::string Join(const std::string& dir, const char* name) {
+// The first `n` labels (all of them if `n` <= 0).
+absl::StatusOr<std::vector<int64_t>> ReadLabels(IdxReader& r, int64_t n) {
+  if (n <= 0 || n > r.sizes[0]) n = r.sizes[0];
+  std::vector<unsigned char> raw;
+  auto got = ReadUpTo(r, n, raw);
+  if (!got.ok()) return got.status();
+  if (*got < n) {
+    return Invalid(r.file, absl::StrCat(r.file.path, ": truncated: the header promises ", n,
+                                        " labels but the file holds only ", *got));
+  }
+  return std::vector<int64_t>(raw.begin(), raw.end());
+}
+
+// One split, pixels scaled to [0, 1] (not yet normalised).
+absl::StatusOr<ImageDataset> LoadSplit(const DataFile& images_file, const DataFile& labels_file,
+                                       int64_t limit) {
+  auto pair = OpenPair(images_file, labels_file);
+  if (!pair.ok()) return pair.status();
+  ImageDataset ds;
+  ds.count = limit > 0 ? std::min(limit, pair->count()) : pair->count();
+  ds.rows = pair->rows();
+  ds.cols = pair->cols();
+  const int64_t n = ds.count * ds.features();  // <= 2^50 (OpenPair)
+  std::vector<unsigned char> raw;
+  auto got = ReadUpTo(pair->images, n, raw);
+  if (!got.ok()) return got.status();
+  if (*got < n) {
+    return Invalid(images_file,
+                   absl::StrCat(images_file.path, ": truncated: the header promises ", ds.count,
+                                " images of ", ds.rows, "x", ds.cols, " pixels (", n,
+                                " bytes) but the file holds only ", *got, " pixel bytes"));
+  }
+  ds.pixels.resize(n);
+  for (int64_t i = 0; i < n; ++i) ds.pixels[i] = raw[i] / 255.0f;
+  auto labels = ReadLabels(pair->labels, ds.count);
+  if (!labels.ok()) return labels.status();
+  ds.labels = std::move(*labels);
+  return ds;
+}
+
+// Every label is below `classes`; `what` says what the classes are.
+absl::Status CheckLabels(const std::vector<int64_t>& labels, int64_t classes, const DataFile& f,
+                         const std::string& what) {
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] >= classes) {
+      return Invalid(
+          f, absl::StrCat(f.path, ": label ", labels[i], " at index ", i, " is not ", what));
+    }
+  }
+  return absl::OkStatus();
+}
+constexpr const char* kDigits = "a digit 0..9";
+
+void Normalise(ImageDataset& ds, Normalisation n) {
+  for (float& p : ds.pixels) p = (p - n.mean) / n.std;
+}
+
+// Mean and (population) standard deviation of pixels in [0, 1].
+Normalisation MeanStd(const std::vector<float>& pixels) {
+  double sum = 0, squares = 0;
+  for (float p : pixels) sum += p, squares += double{p} * p;
+  const double count = std::max<double>(1, pixels.size());
+  const double mean = sum / count;
+  const double std = std::sqrt(std::max(0.0, squares / count - mean * mean));
+  return {static_cast<float>(mean), std > 1e-6 ? static_cast<float>(std) : 1.0f};
+}
+
+std::string Join(const std::string& dir, const std::string& name) {
   return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+absl::Status RequirePaths(const IdxFiles& f) {
+  for (const DataFile* file : {&f.train_images, &f.train_labels, &f.test_images, &f.test_labels}) {
+    if (file->path.empty()) return Invalid(*file, "required (a file path)");
+  }
+  return absl::OkStatus();
+}
+
+// The class count: 10 for MNIST (whose labels must be digits), else
+// max(label) + 1 over the whole training label file.
+absl::StatusOr<int64_t> CountClasses(const v1::DataSpec& d, const DataFile& train_labels) {
+  auto labels_file = OpenIdx(train_labels, 1);
+  if (!labels_file.ok()) return labels_file.status();
+  auto labels = ReadLabels(*labels_file, 0);
+  if (!labels.ok()) return labels.status();
+  if (d.type() == "mnist") {
+    if (auto st = CheckLabels(*labels, 10, train_labels, kDigits); !st.ok()) return st;
+    return 10;
+  }
+  if (labels->empty()) return Invalid(train_labels, absl::StrCat(train_labels.path, ": no labels"));
+  return *std::max_element(labels->begin(), labels->end()) + 1;
+}
+
+std::string ClassesText(int64_t classes, const DataFile& train_labels) {
+  return absl::StrCat("one of the ", classes, " classes of ", train_labels.path, " (0..",
+                      classes - 1, ")");
 }
 
 }  // namespace
 
 absl::StatusOr<ImageDataset> LoadIdxPair(const std::string& images_path,
                                          const std::string& labels_path, int64_t limit) {
-  auto images = Open(images_path);
-  if (!images.ok()) return images.status();
-  auto labels = Open(labels_path);
-  if (!labels.ok()) return labels.status();
-  auto ih = ReadHeader(*images, images_path, 3);
-  if (!ih.ok()) return ih.status();
-  auto lh = ReadHeader(*labels, labels_path, 1);
-  if (!lh.ok()) return lh.status();
-  if (ih->sizes[0] != lh->sizes[0]) {
-    return absl::InvalidArgumentError(absl::StrCat(images_path, " has ", ih->sizes[0],
-                                                   " images but ", labels_path, " has ",
-                                                   lh->sizes[0], " labels"));
-  }
-  ImageDataset ds;
-  ds.count = ih->sizes[0];
-  ds.rows = ih->sizes[1];
-  ds.cols = ih->sizes[2];
-  if (limit > 0 && limit < ds.count) ds.count = limit;
-  // Check the file holds what the header claims before allocating for it.
-  const auto header_end = images->tellg();
-  images->seekg(0, std::ios::end);
-  const int64_t available = static_cast<int64_t>(images->tellg() - header_end);
-  images->seekg(header_end);
-  const int64_t n = ds.count * ds.features();
-  if (ds.rows > (1 << 16) || ds.cols > (1 << 16) || n > available) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        images_path, ": truncated: the header claims ", ds.count, " images of ", ds.rows, "x",
-        ds.cols, " pixels but the file holds only ", available, " pixel bytes"));
-  }
-  std::vector<unsigned char> raw(n);
-  if (!images->read(reinterpret_cast<char*>(raw.data()), n)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(images_path, ": truncated: expected ", n, " pixel bytes"));
-  }
-  ds.pixels.resize(n);
-  for (int64_t i = 0; i < n; ++i) ds.pixels[i] = (raw[i] / 255.0f - kMean) / kStd;
-  std::vector<unsigned char> raw_labels(ds.count);
-  if (!labels->read(reinterpret_cast<char*>(raw_labels.data()), ds.count)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(labels_path, ": truncated: expected ", ds.count, " labels"));
-  }
-  ds.labels.resize(ds.count);
-  for (int64_t i = 0; i < ds.count; ++i) {
-    if (raw_labels[i] > 9) {
-      return absl::InvalidArgumentError(absl::StrCat(labels_path, ": label ", int{raw_labels[i]},
-                                                     " at index ", i, " is not a digit 0..9"));
-    }
-    ds.labels[i] = raw_labels[i];
-  }
+  const DataFile labels_file{labels_path, ""};
+  auto ds = LoadSplit({images_path, ""}, labels_file, limit);
+  if (!ds.ok()) return ds.status();
+  if (auto st = CheckLabels(ds->labels, 10, labels_file, kDigits); !st.ok()) return st;
+  Normalise(*ds, kMnistNormalisation);
   return ds;
 }
 
 absl::StatusOr<ImageDataset> LoadMnist(const std::string& dir, bool train, int64_t limit) {
-  return train ? LoadIdxPair(Join(dir, kMnistTrainImages), Join(dir, kMnistTrainLabels), limit)
-               : LoadIdxPair(Join(dir, kMnistTestImages), Join(dir, kMnistTestLabels), limit);
+  v1::DataSpec spec;
+  spec.set_path(dir);
+  const IdxFiles f = ResolveIdxFiles(spec);
+  return train ? LoadIdxPair(f.train_images.path, f.train_labels.path, limit)
+               : LoadIdxPair(f.test_images.path, f.test_labels.path, limit);
 }
 
-absl::Status CheckMnistDir(const std::string& dir) {
-  const std::pair<const char*, int> files[] = {
-      {kMnistTrainImages, 3}, {kMnistTrainLabels, 1}, {kMnistTestImages, 3}, {kMnistTestLabels, 1}};
-  for (const auto& [name, dims] : files) {
-    const std::string path = Join(dir, name);
-    auto in = Open(path);
-    if (!in.ok()) {
-      return absl::NotFoundError(
-          absl::StrCat("data.path: ", path,
-                       " not found; data.path must be a directory with the four MNIST idx "
-                       "files (scripts/dev.sh fetches them into data/mnist)"));
-    }
-    auto h = ReadHeader(*in, path, dims);
-    if (!h.ok())
-      return absl::InvalidArgumentError(absl::StrCat("data.path: ", h.status().message()));
+IdxFiles ResolveIdxFiles(const v1::DataSpec& d) {
+  if (!d.train_images().empty() || !d.train_labels().empty() || !d.test_images().empty() ||
+      !d.test_labels().empty()) {
+    auto in_dir = [&](const std::string& p, const char* field) {
+      const bool relative = !p.empty() && p.front() != '/';
+      return DataFile{relative && !d.path().empty() ? Join(d.path(), p) : p, field};
+    };
+    return {in_dir(d.train_images(), "data.train_images"),
+            in_dir(d.train_labels(), "data.train_labels"),
+            in_dir(d.test_images(), "data.test_images"),
+            in_dir(d.test_labels(), "data.test_labels")};
+  }
+  auto standard = [&](const char* name) {
+    const std::string plain = Join(d.path(), name), gz = plain + ".gz";
+    std::error_code ec;
+    const bool use_gz =
+        !std::filesystem::exists(plain, ec) && std::filesystem::exists(gz, ec) && !ec;
+    return DataFile{use_gz ? gz : plain, "data.path"};
+  };
+  return {standard(kMnistTrainImages), standard(kMnistTrainLabels), standard(kMnistTestImages),
+          standard(kMnistTestLabels)};
+}
+
+absl::StatusOr<Dataset> LoadDataset(const v1::DataSpec& d) {
+  const IdxFiles f = ResolveIdxFiles(d);
+  if (auto st = RequirePaths(f); !st.ok()) return st;
+  auto classes = CountClasses(d, f.train_labels);
+  if (!classes.ok()) return classes.status();
+  const bool mnist = d.type() == "mnist";
+  const std::string labels_are = mnist ? kDigits : ClassesText(*classes, f.train_labels);
+  auto train = LoadSplit(f.train_images, f.train_labels, d.train_limit());
+  if (!train.ok()) return train.status();
+  auto test = LoadSplit(f.test_images, f.test_labels, d.test_limit());
+  if (!test.ok()) return test.status();
+  if (test->rows != train->rows || test->cols != train->cols) {
+    return Invalid(f.test_images, absl::StrCat(f.test_images.path, " has images of ", test->rows,
+                                               "x", test->cols, " pixels but ", f.train_images.path,
+                                               " has ", train->rows, "x", train->cols));
+  }
+  if (auto st = CheckLabels(test->labels, *classes, f.test_labels, labels_are); !st.ok()) {
+    return st;
+  }
+  Dataset out;
+  out.classes = *classes;
+  out.normalisation = mnist ? kMnistNormalisation : MeanStd(train->pixels);
+  Normalise(*train, out.normalisation);
+  Normalise(*test, out.normalisation);
+  out.train = std::move(*train);
+  out.test = std::move(*test);
+  return out;
+}
+
+absl::Status CheckDataset(const v1::JobSpec& spec) {
+  const v1::DataSpec& d = spec.data();
+  const IdxFiles f = ResolveIdxFiles(d);
+  if (auto st = RequirePaths(f); !st.ok()) return st;
+  auto train = OpenPair(f.train_images, f.train_labels);
+  if (!train.ok()) return train.status();
+  auto test = OpenPair(f.test_images, f.test_labels);
+  if (!test.ok()) return test.status();
+  if (test->rows() != train->rows() || test->cols() != train->cols()) {
+    return Invalid(f.test_images,
+                   absl::StrCat(f.test_images.path, " has images of ", test->rows(), "x",
+                                test->cols(), " pixels but ", f.train_images.path, " has ",
+                                train->rows(), "x", train->cols()));
+  }
+  auto classes = CountClasses(d, f.train_labels);
+  if (!classes.ok()) return classes.status();
+  auto test_labels = ReadLabels(test->labels, d.test_limit());
+  if (!test_labels.ok()) return test_labels.status();
+  if (auto st = CheckLabels(*test_labels, *classes, f.test_labels,
+                            d.type() == "mnist" ? kDigits : ClassesText(*classes, f.train_labels));
+      !st.ok()) {
+    return st;
+  }
+  const auto& layers = spec.model().layers();
+  const int64_t pixels = train->rows() * train->cols();
+  if (layers.empty()) return absl::InvalidArgumentError("model.layers: required");
+  if (layers[0] != pixels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.layers[0]: is ", layers[0], " but the images of ", f.train_images.path, " have ",
+        train->rows(), "x", train->cols(), " = ", pixels, " pixels; use ", pixels));
+  }
+  const int last = layers.size() - 1;
+  if (layers[last] < *classes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.layers[", last, "]: is ", layers[last], " but ", f.train_labels.path, " has ",
+        *classes, " classes (labels 0..", *classes - 1, "); use at least ", *classes));
   }
   return absl::OkStatus();
 }

@@ -1,4 +1,7 @@
-// MNIST from its original idx files (no LibTorch: the coordinator feeds data).
+// Image datasets from idx files (data.type "idx", and "mnist", which is the
+// same loader on MNIST's files with MNIST's fixed normalisation). Files may be
+// plain or gzipped (zlib recognises gzip by its magic bytes 1f 8b). No
+// LibTorch: the coordinator feeds data.
 #ifndef PIPEMARE_PIPELINE_MNIST_H_
 #define PIPEMARE_PIPELINE_MNIST_H_
 
@@ -8,11 +11,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
 
-// One split: `count` images of rows x cols pixels, normalised with MNIST's
-// mean 0.1307 and standard deviation 0.3081, row-major float32, and labels.
+// One split: `count` images of rows x cols pixels, normalised (see
+// Normalisation), row-major float32, and labels.
 struct ImageDataset {
   int64_t count = 0;
   int64_t rows = 0;
@@ -22,23 +26,68 @@ struct ImageDataset {
   int64_t features() const { return rows * cols; }
 };
 
-// File names of the four MNIST files inside a data directory.
+// A pixel byte p becomes (p / 255 - mean) / std.
+struct Normalisation {
+  float mean = 0;
+  float std = 1;
+};
+// MNIST's: data.type "mnist" (and LoadIdxPair, LoadMnist) always use it.
+inline constexpr Normalisation kMnistNormalisation{0.1307f, 0.3081f};
+
+// File names of the four standard files inside a data directory (each may
+// also be present gzipped, with ".gz" appended).
 inline constexpr const char* kMnistTrainImages = "train-images-idx3-ubyte";
 inline constexpr const char* kMnistTrainLabels = "train-labels-idx1-ubyte";
 inline constexpr const char* kMnistTestImages = "t10k-images-idx3-ubyte";
 inline constexpr const char* kMnistTestLabels = "t10k-labels-idx1-ubyte";
 
-// Reads an idx3 image file and its idx1 label file. Errors name the file and
-// the fault (missing, bad magic number, truncated, count mismatch, bad label).
-// `limit` > 0 keeps only the first `limit` examples.
+// Reads an idx3 image file and its idx1 label file, plain or gzipped, with
+// MNIST's normalisation and labels 0..9. Errors name the file and the fault
+// (missing, bad magic number, truncated, corrupt gzip, count mismatch, bad
+// label). `limit` > 0 keeps only the first `limit` examples.
 absl::StatusOr<ImageDataset> LoadIdxPair(const std::string& images_path,
                                          const std::string& labels_path, int64_t limit);
 
-// Loads the train (`train` = true) or test split from an MNIST directory.
+// Loads the train (`train` = true) or test split from an MNIST directory
+// (the standard names, plain or with ".gz").
 absl::StatusOr<ImageDataset> LoadMnist(const std::string& dir, bool train, int64_t limit);
 
-// Cheap check used at submit time: all four files exist with valid headers.
-absl::Status CheckMnistDir(const std::string& dir);
+// One of a job's four files: its path, and the spec field it comes from
+// ("data.path" for a standard name in the directory, else "data.train_images"
+// and so on), which errors name.
+struct DataFile {
+  std::string path;
+  std::string field;
+};
+struct IdxFiles {
+  DataFile train_images, train_labels, test_images, test_labels;
+};
+
+// The four files of a data spec: the explicit file fields (relative ones
+// resolved against data.path when set), else the standard names in data.path,
+// each plain or, if only that exists, with ".gz". Does not open them.
+IdxFiles ResolveIdxFiles(const v1::DataSpec& data);
+
+// Both splits of a job's data, normalised; `classes` is 10 for "mnist" and
+// max(label) + 1 over the whole training label file for "idx" (every loaded
+// test label is below it). "idx" normalises with the mean and standard
+// deviation of the loaded training pixels (after train_limit; std 1 if they
+// are all equal). Errors start with the spec field and name the file.
+struct Dataset {
+  ImageDataset train, test;
+  int64_t classes = 0;
+  Normalisation normalisation;
+};
+absl::StatusOr<Dataset> LoadDataset(const v1::DataSpec& data);
+
+// The submit-time check of a job's data against its model, cheap enough for
+// an RPC: the four files exist, their headers are valid idx with matching
+// image and label counts and equal image sizes in both splits; the label files
+// are read (labels are small) for the class count and bad labels. Refuses a
+// model whose model.layers[0] is not rows x cols or whose last width is below
+// the class count. Pixel data is not read, so truncated images surface when
+// the job starts.
+absl::Status CheckDataset(const v1::JobSpec& spec);
 
 }  // namespace pipemare
 

@@ -12,12 +12,15 @@ jobs=${JOBS:-$(nproc)}
 
 # Debian packages the build and the run need. libopenblas0-openmp replaces
 # the reference BLAS Debian's LibTorch would otherwise use (6x faster here).
+# zlib1g-dev reads gzipped idx datasets; dataset-fashion-mnist is Fashion-MNIST
+# (/usr/share/datasets/fashion-mnist) for examples/fashion_mnist_pipemare.yaml
+# and the end-to-end tests.
 packages=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtorch-dev libopenblas0-openmp prometheus-cpp-dev libgtest-dev libgmock-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev
-  libcpp-httplib-dev
-  prometheus)
+  libcpp-httplib-dev zlib1g-dev
+  prometheus dataset-fashion-mnist)
 
 deps() {
   local missing=()

@@ -3,6 +3,10 @@
 // the client's checks); the coordinator keeps serving. Label: multiprocess.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 #include "common/rpc.h"
@@ -88,6 +92,60 @@ TEST(BadInput, CoordinatorRefusesEachSpecNamingTheFieldAndKeepsServing) {
   auto ctx = ContextWithDeadline(10);
   ASSERT_TRUE(stub->ListJobs(ctx.get(), v1::ListJobsRequest(), &jobs).ok());
   EXPECT_EQ(jobs.jobs_size(), 0);
+  EXPECT_TRUE(cluster.coordinator().Running());
+}
+
+// Writes an idx file: magic 0x0000080<dims>, the sizes, then `data`.
+void WriteIdx(const std::string& path, std::vector<uint32_t> sizes, size_t data_bytes) {
+  std::string bytes = {0, 0, 8, static_cast<char>(sizes.size())};
+  for (uint32_t s : sizes) {
+    for (int shift : {24, 16, 8, 0}) bytes.push_back(static_cast<char>(s >> shift));
+  }
+  for (size_t i = 0; i < data_bytes; ++i) bytes.push_back(static_cast<char>(i % 3));  // 0, 1, 2
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+TEST(BadInput, IdxDataThatDoesNotHoldUpIsRefusedAtSubmitNamingTheFile) {
+  Cluster cluster(0);
+  ASSERT_FALSE(cluster.address().empty());
+  const std::string dir = cluster.dir();
+  // 6 training images of 2x2 pixels with labels 0..2 (3 classes); 3 test.
+  WriteIdx(dir + "/train-images", {6, 2, 2}, 24);
+  WriteIdx(dir + "/test-images", {3, 2, 2}, 12);
+  WriteIdx(dir + "/test-labels", {3}, 3);
+  WriteIdx(dir + "/train-labels", {6}, 6);
+  WriteIdx(dir + "/short-labels", {6}, 4);  // the header promises 6
+  const std::string yaml = R"(name: idx
+model: {type: mlp, layers: LAYERS}
+data: {type: idx, path: DIR, train_images: train-images, train_labels: LABELS,
+       test_images: test-images, test_labels: test-labels}
+optimizer: {lr: 0.05}
+schedule: {type: pipemare, stages: 2, microbatch_size: 2}
+train: {epochs: 1}
+)";
+  auto spec = [&](const std::string& layers, const std::string& train_labels) {
+    return cluster.WriteSpec(
+        "idx",
+        absl::StrReplaceAll(yaml, {{"LAYERS", layers}, {"DIR", dir}, {"LABELS", train_labels}}));
+  };
+  auto r = cluster.Ctl({"submit", spec("[4, 8, 3]", "short-labels")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "data.train_labels: " + dir + "/short-labels: truncated"))
+      << r.err;
+  // The model must fit the files: rows x cols inputs, at least 3 outputs.
+  r = cluster.Ctl({"submit", spec("[4, 8, 2]", "train-labels")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "model.layers[2]: is 2")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "3 classes")) << r.err;
+  r = cluster.Ctl({"submit", spec("[5, 8, 3]", "train-labels")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "model.layers[0]: is 5")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "2x2 = 4 pixels")) << r.err;
+  auto list = cluster.Ctl({"list", "--output", "json"});
+  EXPECT_FALSE(absl::StrContains(list.out, "\"id\"")) << "no job was created: " << list.out;
+  // With the whole label file and a fitting model the same spec is accepted.
+  r = cluster.Ctl({"submit", spec("[4, 8, 3]", "train-labels")});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(cluster.coordinator().Running());
 }
 

@@ -4,6 +4,8 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -214,6 +216,31 @@ TEST(EndToEnd, PipeMareTrainsWithAdamWClippingAndAStepSchedule) {
     // τ^-(1 - min(k/K, 1)) = 1 at k >= K = 100.
     EXPECT_NEAR(stage.learning_rate(), 0.001, 1e-12) << "stage " << stage.index();
   }
+}
+
+TEST(EndToEnd, PipeMareTrainsOnFashionMnistFromDebiansGzippedIdxFiles) {
+  const std::string dir = FashionMnistDir();
+  ASSERT_TRUE(std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz"))
+      << dir << " has no Fashion-MNIST: install Debian's dataset-fashion-mnist "
+      << "(scripts/dev.sh deps does)";
+  Cluster cluster(3);
+  ASSERT_TRUE(cluster.ok());
+  // ShortSpec's job, on Fashion-MNIST read as a generic idx dataset.
+  const std::string yaml =
+      absl::StrReplaceAll(ShortSpec("e2e-fashion", "pipemare", 3, 6400),
+                          {{"type: mnist, path: " + MnistDir(), "type: idx, path: " + dir}});
+  ASSERT_TRUE(absl::StrContains(yaml, "type: idx, path: " + dir)) << yaml;
+  auto submit = cluster.Ctl({"submit", cluster.WriteSpec("fashion", yaml), "--wait"}, 300);
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+  v1::JobStatus job = cluster.Status("job-1");
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(job.progress().total_steps(), 6400 / 32);
+  // Sizes and classes read from the files; the train split's own statistics.
+  EXPECT_TRUE(absl::StrContains(cluster.coordinator().Log(),
+                                "data: 6400 train and 2000 test images of 28x28, 10 classes"))
+      << cluster.coordinator().Log();
+  EXPECT_GE(job.metrics().test_accuracy(), 0.6) << "a real model learns Fashion-MNIST";
+  std::printf("Fashion-MNIST test accuracy: %.4f\n", job.metrics().test_accuracy());
 }
 
 TEST(EndToEnd, SimulatePrintsEachStagesPlanForAnExampleAndRefusesABadOne) {

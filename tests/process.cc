@@ -17,6 +17,7 @@ namespace pipemare::testing {
 
 std::string BinDir() { return PIPEMARE_BIN_DIR; }
 std::string MnistDir() { return PIPEMARE_MNIST_DIR; }
+std::string FashionMnistDir() { return PIPEMARE_FASHION_MNIST_DIR; }
 
 namespace {
 int Spawn(const std::vector<std::string>& argv, const std::string& out_path,

@@ -10,9 +10,11 @@
 
 namespace pipemare::testing {
 
-// Directory of the built binaries and the MNIST data (compile definitions).
+// Directory of the built binaries, the MNIST data and Debian's Fashion-MNIST
+// (gzipped idx files; compile definitions).
 std::string BinDir();
 std::string MnistDir();
+std::string FashionMnistDir();
 
 class Process {
  public:
