@@ -380,12 +380,10 @@ absl::Status JobRunner::Impl::Run() {
   auto data = LoadDataset(spec_.data());
   if (!data.ok()) return absl::InvalidArgumentError(data.status().message());
   // Checked at submit; the files may have changed since.
-  const auto& layers = spec_.model().layers();
-  if (layers[0] != data->train.features() || layers[layers.size() - 1] < data->classes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.layers: the data now has ", data->train.features(), " pixels and ",
-                     data->classes, " classes, which model.layers (", layers[0], " in, ",
-                     layers[layers.size() - 1], " out) does not fit"));
+  if (auto st = CheckModelFitsData(spec_.model(), ResolveIdxFiles(spec_.data()), data->train.rows,
+                                   data->train.cols, data->classes);
+      !st.ok()) {
+    return st;
   }
   const ImageDataset* train = &data->train;
   const ImageDataset* test = &data->test;

@@ -323,19 +323,24 @@ absl::Status CheckDataset(const v1::JobSpec& spec) {
       !st.ok()) {
     return st;
   }
-  const auto& layers = spec.model().layers();
-  const int64_t pixels = train->rows() * train->cols();
+  return CheckModelFitsData(spec.model(), f, train->rows(), train->cols(), *classes);
+}
+
+absl::Status CheckModelFitsData(const v1::ModelSpec& model, const IdxFiles& f, int64_t rows,
+                                int64_t cols, int64_t classes) {
+  const auto& layers = model.layers();
+  const int64_t pixels = rows * cols;
   if (layers.empty()) return absl::InvalidArgumentError("model.layers: required");
   if (layers[0] != pixels) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.layers[0]: is ", layers[0], " but the images of ", f.train_images.path, " have ",
-        train->rows(), "x", train->cols(), " = ", pixels, " pixels; use ", pixels));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.layers[0]: is ", layers[0], " but the images of ", f.train_images.path,
+                     " have ", rows, "x", cols, " = ", pixels, " pixels; use ", pixels));
   }
   const int last = layers.size() - 1;
-  if (layers[last] < *classes) {
+  if (layers[last] < classes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.layers[", last, "]: is ", layers[last], " but ", f.train_labels.path, " has ",
-        *classes, " classes (labels 0..", *classes - 1, "); use at least ", *classes));
+        classes, " classes (labels 0..", classes - 1, "); use at least ", classes));
   }
   return absl::OkStatus();
 }

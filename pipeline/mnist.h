@@ -89,6 +89,13 @@ absl::StatusOr<Dataset> LoadDataset(const v1::DataSpec& data);
 // the job starts.
 absl::Status CheckDataset(const v1::JobSpec& spec);
 
+// The model against its data: model.layers[0] must be rows x cols and the
+// last width at least `classes`. Errors name the layer and the file the
+// number comes from. Used at submit (CheckDataset) and again when the job
+// starts, as the files may have changed in between.
+absl::Status CheckModelFitsData(const v1::ModelSpec& model, const IdxFiles& files, int64_t rows,
+                                int64_t cols, int64_t classes);
+
 }  // namespace pipemare
 
 #endif  // PIPEMARE_PIPELINE_MNIST_H_
