@@ -343,20 +343,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
   double correction = 0;
   absl::Status st =
       virtual_.enabled
-          ? Guard("virtual backward",
-                  [&] {
-                    Busy(virtual_.backward_seconds_per_unit * units_);
-                    if (!is_first()) {
-                      auto zeros = virtual_zeros_.find(saved.input.sizes().vec());
-                      if (zeros == virtual_zeros_.end()) {
-                        zeros =
-                            virtual_zeros_
-                                .emplace(saved.input.sizes().vec(), torch::zeros_like(saved.input))
-                                .first;
-                      }
-                      grad_input = zeros->second;
-                    }
-                  })
+          ? Guard("virtual backward", [&] { grad_input = VirtualBackward(saved); })
           : Guard(absl::StrCat("stage ", stage_, " backward").c_str(), [&] {
               auto params = module_->parameters();
               std::vector<torch::Tensor> w_t;
@@ -438,33 +425,9 @@ void StageRuntime::Step() {
   const double lr =
       warmup ? alpha_k : T1LearningRate(alpha_k, k - warmup_steps_, lr_anneal_steps_, tau_);
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-  auto params = module_->parameters();
-  double grad_norm = 0;
-  if (virtual_.enabled) {
-    // No gradients to apply; the step is counted and T1's rate computed.
-  } else if (grad_clip_norm_ > 0) {
-    grad_norm = torch::nn::utils::clip_grad_norm_(params, grad_clip_norm_);
-  }
-  std::vector<torch::Tensor> w_t;
-  if (t2_enabled_ && !virtual_.enabled) {
-    for (const auto& p : params) w_t.push_back(p.detach().clone());
-  }
-  if (!virtual_.enabled) {
-    optimizer_->step();
-    optimizer_->zero_grad();
-  }
-  if (t2_enabled_ && !virtual_.enabled) {
-    torch::NoGradGuard no_grad;
-    double sq = 0;
-    for (size_t j = 0; j < params.size(); ++j) {
-      T2VelocityInPlace(velocity_[j], params[j].detach(), w_t[j], t2_gamma_);
-      const double norm = velocity_[j].norm().item<double>();
-      sq += norm * norm;
-    }
-    // ||u_bkwd - w_t|| = τ_i ||δ||, fixed until the next step: once per step,
-    // not per backward.
-    t2_correction_norm_ = tau_ * std::sqrt(sq);
-  }
+  // The virtual device has no gradients: its step is counted and T1's rate
+  // computed, and nothing else.
+  const double grad_norm = virtual_.enabled ? 0 : ApplyGradients();
   std::lock_guard<std::mutex> lock(stats_mu_);
   ++stats_.steps;
   stats_.learning_rate = lr;
@@ -480,6 +443,41 @@ void StageRuntime::Step() {
   stats_.last_step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   UpdateMemoryLocked();
+}
+
+double StageRuntime::ApplyGradients() {
+  auto params = module_->parameters();
+  double grad_norm = 0;
+  if (grad_clip_norm_ > 0) grad_norm = torch::nn::utils::clip_grad_norm_(params, grad_clip_norm_);
+  std::vector<torch::Tensor> w_t;
+  if (t2_enabled_) {
+    for (const auto& p : params) w_t.push_back(p.detach().clone());
+  }
+  optimizer_->step();
+  optimizer_->zero_grad();
+  if (t2_enabled_) {
+    torch::NoGradGuard no_grad;
+    double sq = 0;
+    for (size_t j = 0; j < params.size(); ++j) {
+      T2VelocityInPlace(velocity_[j], params[j].detach(), w_t[j], t2_gamma_);
+      const double norm = velocity_[j].norm().item<double>();
+      sq += norm * norm;
+    }
+    // ||u_bkwd - w_t|| = τ_i ||δ||, fixed until the next step: once per step,
+    // not per backward.
+    t2_correction_norm_ = tau_ * std::sqrt(sq);
+  }
+  return grad_norm;
+}
+
+torch::Tensor StageRuntime::VirtualBackward(const Saved& saved) {
+  Busy(virtual_.backward_seconds_per_unit * units_);
+  if (is_first()) return torch::Tensor();
+  auto zeros = virtual_zeros_.find(saved.input.sizes().vec());
+  if (zeros == virtual_zeros_.end()) {
+    zeros = virtual_zeros_.emplace(saved.input.sizes().vec(), torch::zeros_like(saved.input)).first;
+  }
+  return zeros->second;
 }
 
 StageStats StageRuntime::Stats() const {

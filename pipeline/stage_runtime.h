@@ -180,6 +180,13 @@ class StageRuntime {
   const std::vector<torch::Tensor>* StashedWeights(const Saved& saved) const;
   bool CorrectsDiscrepancy() const;
   void Step();
+  // Step's update of the weights from the accumulated gradients: clipping,
+  // the optimizer, T2's velocity. Returns the gradient norm before clipping
+  // (0 without clipping).
+  double ApplyGradients();
+  // The virtual device's backward: the wait, and a shared zero input
+  // gradient (undefined on the first stage).
+  torch::Tensor VirtualBackward(const Saved& saved);
 
   const int stage_;
   const int num_stages_;
