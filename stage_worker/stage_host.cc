@@ -48,15 +48,9 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
     host->outbox_[static_cast<int>(side)] = std::make_unique<Outbox>(
         window, [h, side](const v1::StageMessage& m) { return h->WriteNow(side, m); },
         [h, side] {
-          h->Fail(
-              absl::StrCat("stage ", h->assignment_.stage(), " (", h->self_address_, "): lost its ",
-                           side == Side::kDownstream
-                               ? absl::StrCat("downstream stage ", h->assignment_.stage() + 1,
-                                              " at ", h->assignment_.downstream_address())
-                           : side == Side::kTargets ? std::string("target feed")
-                                                    : std::string("upstream stream"),
-                           " while sending"),
-              side);
+          h->Fail(absl::StrCat("stage ", h->assignment_.stage(), " (", h->self_address_,
+                               "): lost its ", h->SideName(side), " while sending"),
+                  side);
         });
   }
   if (!host->runtime_->is_last()) {
@@ -181,8 +175,7 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
       }
       const int64_t bytes = msg.activation().data().size();
       // Stage 0's input feed is float32 already; peers may send a wire dtype.
-      auto t = TakeTorch(msg.mutable_activation(),
-                         wire_dtype_ ? std::optional(torch::kFloat32) : std::nullopt);
+      auto t = TakeTorch(msg.mutable_activation(), ReceiveAs());
       if (!t.ok()) {
         why =
             absl::StrCat("activation of microbatch ", msg.microbatch(), ": ", t.status().message());
@@ -199,11 +192,7 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
   if (!why.empty()) {
     Fail(absl::StrCat("stage ", stage, " (", self_address_, "): bad message: ", why), side);
   } else if (!stopping_ && !failed_) {
-    Fail(absl::StrCat("stage ", stage, " (", self_address_, "): lost its ",
-                      side == Side::kTargets ? "target feed from the coordinator"
-                      : stage == 0           ? "input feed from the coordinator"
-                                             : absl::StrCat("upstream stage ", stage - 1)),
-         side);
+    Fail(absl::StrCat("stage ", stage, " (", self_address_, "): lost its ", SideName(side)), side);
   }
   {
     std::lock_guard<std::mutex> write_lock(write_mu_[static_cast<int>(side)]);
@@ -235,8 +224,7 @@ void StageHost::DownstreamReadLoop() {
       break;
     }
     const int64_t bytes = msg.gradient().data().size();
-    auto t = TakeTorch(msg.mutable_gradient(),
-                       wire_dtype_ ? std::optional(torch::kFloat32) : std::nullopt);
+    auto t = TakeTorch(msg.mutable_gradient(), ReceiveAs());
     if (!t.ok()) {
       Fail(absl::StrCat("stage ", assignment_.stage(), ": gradient of microbatch ",
                         msg.microbatch(), ": ", t.status().message()));
@@ -251,9 +239,8 @@ void StageHost::DownstreamReadLoop() {
   }
   if (!stopping_ && !failed_) {
     grpc::Status st = downstream_->Finish();
-    Fail(absl::StrCat("stage ", assignment_.stage(), " (", self_address_,
-                      "): lost downstream stage ", assignment_.stage() + 1, " at ",
-                      assignment_.downstream_address(),
+    Fail(absl::StrCat("stage ", assignment_.stage(), " (", self_address_, "): lost its ",
+                      SideName(Side::kDownstream),
                       st.ok() ? "" : absl::StrCat(": ", st.error_message())),
          Side::kDownstream);
   }
@@ -484,11 +471,24 @@ absl::Status StageHost::Send(Side side, v1::StageMessage message) {
   }
   if (!outbox_[static_cast<int>(side)]->Push(std::move(message))) {
     // The outbox's thread has reported the broken stream (or we stop).
-    return absl::UnavailableError(side == Side::kDownstream ? "lost the downstream stream"
-                                  : side == Side::kTargets  ? "lost the target feed"
-                                                            : "lost the upstream stream");
+    return absl::UnavailableError(absl::StrCat("lost its ", SideName(side)));
   }
   return absl::OkStatus();
+}
+
+std::string StageHost::SideName(Side side) const {
+  const int stage = assignment_.stage();
+  switch (side) {
+    case Side::kDownstream:
+      return absl::StrCat("downstream stage ", stage + 1, " at ", assignment_.downstream_address());
+    case Side::kTargets:
+      return "target feed from the coordinator";
+    case Side::kUpstream:
+      return stage == 0 ? "input feed from the coordinator"
+                        : absl::StrCat("upstream stage ", stage - 1);
+    default:
+      return "stream";
+  }
 }
 
 bool StageHost::WriteNow(Side side, const v1::StageMessage& message) {

@@ -97,6 +97,13 @@ class StageHost {
   // Writes to one side now (the outbox threads, and Fail); false if that side
   // is not connected or broke.
   bool WriteNow(Side side, const v1::StageMessage& message);
+  // "downstream stage 3 at host:port", "input feed from the coordinator"...
+  std::string SideName(Side side) const;
+  // The type received activations and gradients are computed in: float32
+  // when schedule.wire_dtype compresses them, else as they arrive.
+  std::optional<torch::ScalarType> ReceiveAs() const {
+    return wire_dtype_ ? std::optional(torch::kFloat32) : std::nullopt;
+  }
   // Marks the host failed with `message`; tells every side but `from`.
   void Fail(const std::string& message, Side from = Side::kNone);
 
