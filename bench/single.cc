@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "pipeline/mnist.h"
+#include "pipeline/model.h"
 #include "pipeline/stage_runtime.h"
 
 int main(int argc, char** argv) {
@@ -62,12 +63,13 @@ int main(int argc, char** argv) {
               << std::endl;
     return 2;
   }
-  auto net = pipemare::BuildUnits(model, 0, model.layers_size() - 1, seed);
+  auto net = pipemare::BuildUnits(model, 0, model.layers_size() - 1, seed,
+                                  pipemare::TensorType{{model.layers(0)}, false});
   if (!net.ok()) {
     std::cerr << "error: --layers: " << net.status().message() << std::endl;
     return 2;
   }
-  torch::nn::Sequential mlp = *net;
+  torch::nn::Sequential mlp = net->module;
   torch::optim::SGD sgd(mlp->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
   const int64_t features = train->features();
   const torch::Tensor pixels =

@@ -32,6 +32,18 @@ std::string OrDash(const std::string& text) { return text.empty() ? "-" : text; 
 
 std::string Percent(double fraction) { return Format("%.1f%%", fraction * 100.0); }
 
+bool IsLanguageModel(const v1::JobStatus& job) { return job.task() == "language_model"; }
+
+// What test accuracy counts: next tokens for language models.
+const char* AccuracyLabel(const v1::JobStatus& job) {
+  return IsLanguageModel(job) ? "token accuracy" : "test accuracy";
+}
+
+// Language models' perplexity, once reported (0: not shown).
+double Perplexity(const v1::JobStatus& job, double perplexity) {
+  return IsLanguageModel(job) && perplexity > 0 ? perplexity : 0;
+}
+
 // Test accuracy is meaningful only once an epoch has finished.
 std::string AccuracyCell(const v1::JobStatus& job) {
   return job.epochs_size() > 0 ? Percent(job.metrics().test_accuracy()) : "-";
@@ -78,11 +90,12 @@ std::string ProgressBar(const v1::JobStatus& job) {
 }
 
 std::string EpochLine(const v1::JobStatus& job, const v1::EpochResult& epoch) {
-  return Format(
-      "%s epoch %d/%d done: train loss %.4f  test loss %.4f  "
-      "test accuracy %s  (%.1f s)",
-      job.id().c_str(), epoch.epoch(), job.progress().epochs(), epoch.train_loss(),
-      epoch.test_loss(), Percent(epoch.test_accuracy()).c_str(), epoch.seconds());
+  const double perplexity = Perplexity(job, epoch.test_perplexity());
+  return Format("%s epoch %d/%d done: train loss %.4f  test loss %.4f  %s %s%s  (%.1f s)",
+                job.id().c_str(), epoch.epoch(), job.progress().epochs(), epoch.train_loss(),
+                epoch.test_loss(), AccuracyLabel(job), Percent(epoch.test_accuracy()).c_str(),
+                perplexity > 0 ? Format("  test perplexity %.2f", perplexity).c_str() : "",
+                epoch.seconds());
 }
 
 // Terminal width for `out`, or 0 if it is not a terminal.
@@ -215,12 +228,28 @@ std::string ToJson(const google::protobuf::Message& message) {
 
 std::string RenderEpochTable(const v1::JobStatus& job) {
   if (job.epochs_size() == 0) return "";
-  TextTable table({"EPOCH", "TRAIN-LOSS", "TEST-LOSS", "TEST-ACC", "SECONDS"});
-  for (int c = 0; c < 5; ++c) table.AlignRight(c);
+  // Language models: token accuracy, and perplexity once any epoch has one.
+  bool perplexity = false;
   for (const auto& epoch : job.epochs()) {
-    table.AddRow({Format("%d", epoch.epoch()), Format("%.4f", epoch.train_loss()),
-                  Format("%.4f", epoch.test_loss()), Percent(epoch.test_accuracy()),
-                  Format("%.1f", epoch.seconds())});
+    perplexity = perplexity || Perplexity(job, epoch.test_perplexity()) > 0;
+  }
+  std::vector<std::string> header = {"EPOCH", "TRAIN-LOSS", "TEST-LOSS",
+                                     IsLanguageModel(job) ? "TOKEN-ACC" : "TEST-ACC"};
+  if (perplexity) header.push_back("TEST-PPL");
+  header.push_back("SECONDS");
+  const int columns = static_cast<int>(header.size());
+  TextTable table(std::move(header));
+  for (int c = 0; c < columns; ++c) table.AlignRight(c);
+  for (const auto& epoch : job.epochs()) {
+    std::vector<std::string> row = {Format("%d", epoch.epoch()), Format("%.4f", epoch.train_loss()),
+                                    Format("%.4f", epoch.test_loss()),
+                                    Percent(epoch.test_accuracy())};
+    if (perplexity) {
+      const double ppl = Perplexity(job, epoch.test_perplexity());
+      row.push_back(ppl > 0 ? Format("%.2f", ppl) : "-");
+    }
+    row.push_back(Format("%.1f", epoch.seconds()));
+    table.AddRow(std::move(row));
   }
   return table.Render();
 }
@@ -244,6 +273,16 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
                               : " (synchronous warm-up)";
   }
   summary.AddRow({"SCHEDULE", schedule});
+  if (!job.partition().empty()) {
+    std::string partition = job.partition();
+    const auto& split = spec_schedule.split();
+    if (job.partition() == "split" && !split.empty()) {
+      partition += " (stages start at units 0";
+      for (int first : split) absl::StrAppend(&partition, ", ", first);
+      partition += ")";
+    }
+    summary.AddRow({"PARTITION", partition});
+  }
   std::string progress_text = Format("epoch %d/%d, step %lld/%lld", progress.epoch(),
                                      progress.epochs(), static_cast<long long>(progress.step()),
                                      static_cast<long long>(progress.total_steps()));
@@ -251,9 +290,12 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
     progress_text += Format(" (%.0f%%)", 100.0 * progress.step() / progress.total_steps());
   }
   summary.AddRow({"PROGRESS", progress_text});
+  const double perplexity = job.epochs_size() > 0 ? Perplexity(job, metrics.test_perplexity()) : 0;
   summary.AddRow(
-      {"METRICS", Format("train loss %s, test accuracy %s, %.0f samples/s", LossCell(job).c_str(),
-                         AccuracyCell(job).c_str(), metrics.samples_per_second())});
+      {"METRICS", Format("train loss %s, %s %s%s, %.0f samples/s", LossCell(job).c_str(),
+                         AccuracyLabel(job), AccuracyCell(job).c_str(),
+                         perplexity > 0 ? Format(", test perplexity %.2f", perplexity).c_str() : "",
+                         metrics.samples_per_second())});
   std::string elapsed = FormatDuration(ElapsedSeconds(job));
   if (job.state() == v1::RUNNING && metrics.eta_seconds() > 0) {
     elapsed += absl::StrCat(" (ETA ", FormatDuration(metrics.eta_seconds()), ")");
@@ -264,22 +306,42 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
 
   if (job.stages_size() > 0) {
     // Memory at its peak: weights + optimizer state + T2 velocity + stash
-    // (the paper's measure), and the saved stage inputs.
-    TextTable stages({"STAGE", "WORKER", "ADDRESS", "UNITS", "PARAMS", "TAU", "MEASURED-TAU", "LR",
-                      "WEIGHTS+OPT", "ACTIVATIONS"});
-    for (int c : {0, 4, 5, 6, 7, 8, 9}) stages.AlignRight(c);
+    // (the paper's measure), and the saved stage inputs. PREDICTED: the
+    // partitioner's forward + backward time of one microbatch ("profile");
+    // the last column marks the stage the partition predicts slowest.
+    bool predicted = false;
+    for (const auto& stage : job.stages()) predicted = predicted || stage.predicted_seconds() > 0;
+    std::vector<std::string> header = {"STAGE", "WORKER", "ADDRESS", "UNITS", "PARAMS"};
+    if (predicted) header.push_back("PREDICTED");
+    for (const char* h : {"TAU", "MEASURED-TAU", "LR", "WEIGHTS+OPT", "ACTIVATIONS", ""}) {
+      header.push_back(h);
+    }
+    const int columns = static_cast<int>(header.size());
+    TextTable stages(std::move(header));
+    stages.AlignRight(0);
+    for (int c = 4; c < columns - 1; ++c) stages.AlignRight(c);  // PARAMS .. ACTIVATIONS
     int64_t total = 0;
     for (const auto& stage : job.stages()) {
       const auto& peak = stage.peak_memory();
       const int64_t weights_and_optimizer =
           peak.weights() + peak.optimizer_state() + peak.t2_velocity() + peak.stash();
       total += weights_and_optimizer;
-      stages.AddRow({Format("%d", stage.index()), OrDash(stage.worker_id()),
-                     OrDash(stage.worker_address()), UnitsCell(stage),
-                     Format("%lld", static_cast<long long>(stage.parameters())),
-                     Format("%d", stage.analytic_delay()), Format("%.2f", stage.measured_delay()),
-                     Format("%.6g", stage.learning_rate()), FormatBytes(weights_and_optimizer),
-                     FormatBytes(peak.saved_activations())});
+      std::vector<std::string> row = {Format("%d", stage.index()), OrDash(stage.worker_id()),
+                                      OrDash(stage.worker_address()), UnitsCell(stage),
+                                      Format("%lld", static_cast<long long>(stage.parameters()))};
+      if (predicted) {
+        row.push_back(stage.predicted_seconds() > 0
+                          ? Format("%.2f ms", stage.predicted_seconds() * 1000.0)
+                          : "-");
+      }
+      for (std::string cell :
+           {Format("%d", stage.analytic_delay()), Format("%.2f", stage.measured_delay()),
+            Format("%.6g", stage.learning_rate()), FormatBytes(weights_and_optimizer),
+            FormatBytes(peak.saved_activations()),
+            std::string(stage.bottleneck() ? "<- bottleneck" : "")}) {
+        row.push_back(std::move(cell));
+      }
+      stages.AddRow(std::move(row));
     }
     out += "\n" + stages.Render();
     out += Format("peak weights + optimizer state + stash, all stages: %s\n",
@@ -340,9 +402,12 @@ std::string RenderProgressLine(const v1::JobStatus& job, bool with_bar) {
   }
   absl::StrAppend(&line, " epoch ", EpochCell(job));
   if (with_bar) absl::StrAppend(&line, " ", ProgressBar(job));
-  absl::StrAppend(&line, " step ", StepCell(job), "  loss ", LossCell(job), "  acc ",
-                  AccuracyCell(job), "  ", Format("%.0f", job.metrics().samples_per_second()),
-                  " samples/s");
+  absl::StrAppend(&line, " step ", StepCell(job), "  loss ", LossCell(job),
+                  IsLanguageModel(job) ? "  token acc " : "  acc ", AccuracyCell(job));
+  const double perplexity =
+      job.epochs_size() > 0 ? Perplexity(job, job.metrics().test_perplexity()) : 0;
+  if (perplexity > 0) absl::StrAppend(&line, "  ppl ", Format("%.2f", perplexity));
+  absl::StrAppend(&line, "  ", Format("%.0f", job.metrics().samples_per_second()), " samples/s");
   if (job.state() == v1::RUNNING) {
     absl::StrAppend(
         &line, "  ETA ",

@@ -164,7 +164,10 @@ absl::Status FillMessage(pb::Message& msg, const YAML::Node& node, const std::st
       }
       r->ClearField(&msg, f);
       for (size_t i = 0; i < value.size(); ++i) {
-        auto st = SetScalar(msg, f, value[i], absl::StrCat(field_path, "[", i, "]"));
+        const std::string item = absl::StrCat(field_path, "[", i, "]");
+        auto st = f->cpp_type() == FD::CPPTYPE_MESSAGE
+                      ? FillMessage(*r->AddMessage(&msg, f), value[i], item)
+                      : SetScalar(msg, f, value[i], item);
         if (!st.ok()) return st;
       }
     } else if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
@@ -239,7 +242,176 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
 
 int ModelUnitCount(const v1::ModelSpec& model) {
   if (model.type() == "mlp") return std::max(0, model.layers_size() - 1);
-  return 0;
+  if (model.type() == "resnet") {  // stem, 3n blocks, head
+    const int depth = model.depth() ? model.depth() : 20;
+    return depth >= 8 ? (depth - 2) / 6 * 3 + 2 : 0;
+  }
+  if (model.type() == "transformer_lm") {  // embedding, blocks, norm and head
+    return (model.depth() ? model.depth() : 2) + 2;
+  }
+  if (model.type() == "sequential") return model.units_size();
+  return 0;  // torchscript: known once the file is read
+}
+
+namespace {
+
+const char* const kLayerTypes[] = {"linear",
+                                   "conv2d",
+                                   "batchnorm2d",
+                                   "layernorm",
+                                   "relu",
+                                   "gelu",
+                                   "tanh",
+                                   "sigmoid",
+                                   "maxpool2d",
+                                   "avgpool2d",
+                                   "adaptive_avgpool2d",
+                                   "flatten",
+                                   "dropout",
+                                   "embedding",
+                                   "residual",
+                                   "transformer_block"};
+
+absl::Status ValidateUnits(const pb::RepeatedPtrField<v1::UnitSpec>& units,
+                           const std::string& field) {
+  for (int i = 0; i < units.size(); ++i) {
+    const v1::UnitSpec& u = units[i];
+    const std::string f = absl::StrCat(field, "[", i, "]");
+    if (std::find(std::begin(kLayerTypes), std::end(kLayerTypes), u.type()) ==
+        std::end(kLayerTypes)) {
+      return Bad(
+          absl::StrCat(f, ".type"),
+          absl::StrCat(
+              u.type().empty() ? "required" : absl::StrCat("'", u.type(), "' is not a layer type"),
+              "; allowed: ", absl::StrJoin(kLayerTypes, ", ")));
+    }
+    if (u.type() != "residual" && u.body_size() > 0) {
+      return Bad(absl::StrCat(f, ".body"), "only a residual unit has a body");
+    }
+    if (u.type() == "residual") {
+      if (u.body_size() == 0) {
+        return Bad(absl::StrCat(f, ".body"), "required: the branch's layers, at least one");
+      }
+      if (auto st = ValidateUnits(u.body(), absl::StrCat(f, ".body")); !st.ok()) return st;
+    }
+    for (const auto& [name, v] : {std::pair<const char*, int64_t>{"in", u.in()},
+                                  {"out", u.out()},
+                                  {"kernel", u.kernel()},
+                                  {"stride", u.stride()},
+                                  {"padding", u.padding()},
+                                  {"vocab", u.vocab()},
+                                  {"dim", u.dim()},
+                                  {"context", u.context()},
+                                  {"heads", u.heads()},
+                                  {"hidden", u.hidden()},
+                                  {"size", u.size()}}) {
+      if (v < 0 || v > (int64_t{1} << 24)) {
+        return Bad(absl::StrCat(f, ".", name), absl::StrCat(v, " is not in 0..16777216"));
+      }
+    }
+    if (u.has_p() && !(u.p() >= 0 && u.p() < 1)) {
+      return Bad(absl::StrCat(f, ".p"), "must be in [0, 1)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateModelSpec(const v1::ModelSpec& m) {
+  if (auto st = OneOf("model.type", m.type(),
+                      {"mlp", "resnet", "transformer_lm", "sequential", "torchscript"});
+      !st.ok()) {
+    return st;
+  }
+  if (m.type() != "mlp" && m.layers_size() > 0) {
+    return Bad("model.layers",
+               absl::StrCat("applies to model.type mlp only; ", m.type(),
+                            m.type() == "sequential" ? " lists model.units" : " takes no widths"));
+  }
+  if (m.type() != "sequential" && m.units_size() > 0) {
+    return Bad("model.units", "applies to model.type sequential only");
+  }
+  if (m.type() == "mlp") {
+    if (m.layers_size() < 2) {
+      return Bad("model.layers",
+                 "needs at least two widths (input and output), e.g. [784, 256, 10]");
+    }
+    for (int i = 0; i < m.layers_size(); ++i) {
+      if (m.layers(i) < 1 || m.layers(i) > (1 << 20)) {
+        return Bad(absl::StrCat("model.layers[", i, "]"),
+                   absl::StrCat(m.layers(i), " is not a width in 1..1048576"));
+      }
+    }
+    if (auto st = OneOf("model.activation", m.activation(), {"relu", "tanh", "gelu", "sigmoid"});
+        !st.ok()) {
+      return st;
+    }
+    if (auto st = OneOf("model.init", m.init(), {"torch", "he"}); !st.ok()) return st;
+  }
+  if (m.type() == "sequential") {
+    if (m.units_size() == 0) {
+      return Bad("model.units",
+                 "required for model.type sequential: the layers, e.g. "
+                 "[{type: flatten}, {type: linear, out: 10}]");
+    }
+    if (auto st = ValidateUnits(m.units(), "model.units"); !st.ok()) return st;
+  }
+  if (m.type() == "torchscript" && m.path().empty()) {
+    return Bad("model.path",
+               "required for model.type torchscript: the TorchScript file of an "
+               "nn.Sequential");
+  }
+  if (m.type() != "torchscript" && !m.path().empty()) {
+    return Bad("model.path", "applies to model.type torchscript only");
+  }
+  if (m.type() == "resnet" || m.type() == "transformer_lm") {
+    v1::ModelSpec resolved = m;
+    // The data's class count and context are checked when the data is read.
+    if (auto st = ResolveModel(resolved, resolved.classes() ? resolved.classes() : 1,
+                               resolved.context() ? resolved.context() : 1);
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ResolveModel(v1::ModelSpec& m, int64_t classes, int64_t context) {
+  if (m.type() == "resnet") {
+    if (m.depth() == 0) m.set_depth(20);
+    if (m.width() == 0) m.set_width(16);
+    if (m.depth() < 8 || (m.depth() - 2) % 6 != 0 || m.depth() > 1000) {
+      return Bad("model.depth", absl::StrCat(m.depth(),
+                                             " is not 6n + 2 with n in 1..166; use 20, "
+                                             "32, 56, ..."));
+    }
+    if (m.width() < 1 || m.width() > 4096) return Bad("model.width", "must be in 1..4096");
+  } else if (m.type() == "transformer_lm") {
+    if (m.depth() == 0) m.set_depth(2);
+    if (m.width() == 0) m.set_width(128);
+    if (m.heads() == 0) m.set_heads(4);
+    if (m.context() == 0) m.set_context(static_cast<int32_t>(context));
+    if (m.depth() < 1 || m.depth() > 1024) return Bad("model.depth", "must be in 1..1024");
+    if (m.width() < 1 || m.width() > 65536) return Bad("model.width", "must be in 1..65536");
+    if (m.heads() < 1 || m.width() % m.heads() != 0) {
+      return Bad("model.heads", absl::StrCat(m.heads(), " heads do not divide model.width ",
+                                             m.width(), "; use a divisor such as 4"));
+    }
+    if (!(m.dropout() >= 0 && m.dropout() < 1)) return Bad("model.dropout", "must be in [0, 1)");
+    if (m.context() < context) {
+      return Bad("model.context", absl::StrCat(m.context(), " positions but data.context is ",
+                                               context, "; use at least ", context));
+    }
+  } else {
+    return absl::OkStatus();
+  }
+  if (m.classes() != 0 && m.classes() != classes) {
+    return Bad("model.classes", absl::StrCat("is ", m.classes(), " but the data has ", classes,
+                                             "; leave it out (it is read from the data)"));
+  }
+  m.set_classes(classes);
+  return absl::OkStatus();
 }
 
 absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& o) {
@@ -292,24 +464,20 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   // model
   const auto& m = spec.model();
-  if (auto st = OneOf("model.type", m.type(), {"mlp"}); !st.ok()) return st;
-  if (m.layers_size() < 2) {
-    return Bad("model.layers", "needs at least two widths (input and output), e.g. [784, 256, 10]");
-  }
-  for (int i = 0; i < m.layers_size(); ++i) {
-    if (m.layers(i) < 1 || m.layers(i) > (1 << 20)) {
-      return Bad(absl::StrCat("model.layers[", i, "]"),
-                 absl::StrCat(m.layers(i), " is not a width in 1..1048576"));
-    }
-  }
-  if (auto st = OneOf("model.activation", m.activation(), {"relu", "tanh", "gelu", "sigmoid"});
-      !st.ok()) {
-    return st;
-  }
-  if (auto st = OneOf("model.init", m.init(), {"torch", "he"}); !st.ok()) return st;
+  if (auto st = ValidateModelSpec(m); !st.ok()) return st;
   // data
   const auto& d = spec.data();
-  if (auto st = OneOf("data.type", d.type(), {"idx", "mnist"}); !st.ok()) return st;
+  if (auto st = OneOf("data.type", d.type(), {"idx", "mnist", "cifar", "text"}); !st.ok()) {
+    return st;
+  }
+  const bool idx = d.type() == "idx" || d.type() == "mnist";
+  const bool cifar = d.type() == "cifar", text = d.type() == "text";
+  // Where this type's files are named, for "applies to ... only" errors.
+  const std::string files_are =
+      idx     ? "idx files are data.train_images, data.train_labels, data.test_images and "
+                "data.test_labels"
+      : cifar ? "cifar's files are data.train_files and data.test_files"
+              : "text reads the corpus file at data.path";
   const std::pair<const char*, const std::string*> files[] = {
       {"data.train_images", &d.train_images()},
       {"data.train_labels", &d.train_labels()},
@@ -318,21 +486,83 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   bool any_file = false;
   for (const auto& [field, value] : files) any_file |= !value->empty();
   for (const auto& [field, value] : files) {
-    if (any_file && value->empty()) {
-      return Bad(field,
-                 "required with the other file fields: give all of data.train_images, "
-                 "data.train_labels, data.test_images and data.test_labels, or none");
+    if (!idx && !value->empty()) {
+      return Bad(field, absl::StrCat("applies to data.type idx and mnist only; ", files_are));
     }
   }
-  if (!any_file && d.path().empty()) {
-    return Bad("data.path",
-               "required: the directory with the four idx files (train-images-idx3-ubyte, ...), "
-               "unless data.train_images, data.train_labels, data.test_images and "
-               "data.test_labels are given");
+  for (const auto& [field, size] :
+       {std::pair<const char*, int>{"data.train_files", d.train_files_size()},
+        {"data.test_files", d.test_files_size()}}) {
+    if (!cifar && size > 0) {
+      return Bad(field, absl::StrCat("applies to data.type cifar only; ", files_are));
+    }
+  }
+  if (!text && d.validation_fraction() != 0) {
+    return Bad("data.validation_fraction", "applies to data.type text only");
+  }
+  if (!text && d.context() != 0) return Bad("data.context", "applies to data.type text only");
+  if (text && d.has_normalize()) {
+    return Bad("data.normalize", "applies to images only (data.type idx, mnist, cifar)");
+  }
+  if (d.type() == "mnist" && d.has_normalize() && !d.normalize()) {
+    return Bad("data.normalize",
+               "mnist always normalises with MNIST's mean 0.1307 and std 0.3081; for pixels / 255 "
+               "use data.type idx with normalize: false");
+  }
+  if (idx) {
+    for (const auto& [field, value] : files) {
+      if (any_file && value->empty()) {
+        return Bad(field,
+                   "required with the other file fields: give all of data.train_images, "
+                   "data.train_labels, data.test_images and data.test_labels, or none");
+      }
+    }
+    if (!any_file && d.path().empty()) {
+      return Bad("data.path",
+                 "required: the directory with the four idx files (train-images-idx3-ubyte, ...), "
+                 "unless data.train_images, data.train_labels, data.test_images and "
+                 "data.test_labels are given");
+    }
+  }
+  if (cifar) {
+    for (const auto& [field, list] :
+         {std::pair<const char*, const pb::RepeatedPtrField<std::string>*>{"data.train_files",
+                                                                           &d.train_files()},
+          {"data.test_files", &d.test_files()}}) {
+      for (int i = 0; i < list->size(); ++i) {
+        if ((*list)[i].empty()) {
+          return Bad(absl::StrCat(field, "[", i, "]"),
+                     "empty; give the path of a CIFAR-10 batch file");
+        }
+      }
+    }
+    if (d.path().empty() && (d.train_files().empty() || d.test_files().empty())) {
+      return Bad("data.path",
+                 "required for data.type cifar: the directory holding data_batch_1.bin .. "
+                 "data_batch_5.bin and test_batch.bin (CIFAR-10's binary version), unless both "
+                 "data.train_files and data.test_files are given");
+    }
+  }
+  if (text) {
+    if (d.path().empty()) {
+      return Bad("data.path", "required for data.type text: the corpus, a plain-text file");
+    }
+    if (d.context() < 0 || d.context() > 65536) {
+      return Bad("data.context",
+                 absl::StrCat(d.context(), " is not in 1..65536 (tokens per example; default 64)"));
+    }
+    if (d.validation_fraction() != 0 &&
+        !(d.validation_fraction() > 0 && d.validation_fraction() < 1)) {
+      return Bad("data.validation_fraction",
+                 absl::StrCat(d.validation_fraction(),
+                              " is not in (0, 1) (the held-out end of the corpus; default 0.1)"));
+    }
   }
   if (d.train_limit() < 0) return Bad("data.train_limit", "must be >= 0 (0 = all)");
   if (d.test_limit() < 0) return Bad("data.test_limit", "must be >= 0 (0 = all)");
-  if (d.type() == "mnist") {
+  // MNIST's sizes are known without reading it; other data and models are
+  // checked against each other when the data is read.
+  if (d.type() == "mnist" && m.type() == "mlp") {
     if (m.layers(0) != 784) {
       return Bad("model.layers[0]",
                  absl::StrCat("is ", m.layers(0), " but MNIST images have 784 pixels; use 784"));
@@ -351,7 +581,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return st;
   const int units = ModelUnitCount(m);
   if (s.stages() < 1) return Bad("schedule.stages", "required, an integer >= 1");
-  if (s.stages() > units) {
+  if (units > 0 && s.stages() > units) {  // 0: the count is known only later
     return Bad("schedule.stages", absl::StrCat(s.stages(), " stages but the model has only ", units,
                                                " units; use at most ", units, " or add layers"));
   }
@@ -380,6 +610,41 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Bad("schedule.wire_dtype", absl::StrCat("'", s.wire_dtype(),
                                                    "' is not allowed; allowed: float32 (default), "
                                                    "float16, bfloat16"));
+  }
+  if (!s.partition().empty() && s.partition() != "uniform" && s.partition() != "parameters" &&
+      s.partition() != "profile" && s.partition() != "split") {
+    return Bad("schedule.partition",
+               absl::StrCat("'", s.partition(),
+                            "' is not allowed; allowed: uniform (default), parameters, profile, "
+                            "split"));
+  }
+  if (s.partition() != "split" && s.split_size() > 0) {
+    return Bad("schedule.split",
+               "applies to partition split only; set schedule.partition: split "
+               "or remove schedule.split");
+  }
+  if (s.partition() == "split") {
+    const std::vector<int> split(s.split().begin(), s.split().end());
+    if (units > 0) {  // the coordinator checks again once the unit count is known
+      if (auto st = PartitionFromSplit(split, units, s.stages()).status(); !st.ok()) return st;
+    } else {
+      if (s.split_size() != s.stages() - 1) {
+        return Bad("schedule.split", absl::StrCat(s.split_size(), " points for ", s.stages(),
+                                                  " stages; give stages - 1 = ", s.stages() - 1));
+      }
+      for (int i = 0; i < s.split_size(); ++i) {
+        const std::string f = absl::StrCat("schedule.split[", i, "]");
+        if (s.split(i) < 1) {
+          return Bad(f, absl::StrCat(s.split(i),
+                                     " is out of range; split points are the first "
+                                     "units of stages 1..P-1, >= 1"));
+        }
+        if (i > 0 && s.split(i) <= s.split(i - 1)) {
+          return Bad(f, absl::StrCat(s.split(i), " is not after schedule.split[", i - 1,
+                                     "] = ", s.split(i - 1), "; split points must increase"));
+        }
+      }
+    }
   }
   // T1 and T2 fields are accepted and ignored by every schedule but
   // pipemare, so a user can flip schedule.type on the same file and compare.

@@ -40,8 +40,18 @@ absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(const v
                                                                          const std::string& job_id,
                                                                          int64_t steps_per_epoch);
 
-// Number of pipeline units the model has (for an MLP: layers - 1).
+// Number of pipeline units the model has: mlp layers - 1; resnet 3n + 2
+// (stem, blocks, head); transformer_lm depth + 2 (embedding, blocks, norm and
+// head); sequential its units; 0 for torchscript, whose count is known once
+// the file is read (CountUnits in pipeline/model.h).
 int ModelUnitCount(const v1::ModelSpec& model);
+
+// Fills in what the zoo takes from the data, model.classes (classes, or the
+// vocabulary for text) and transformer_lm's context (default data.context),
+// plus the zoo's defaults (resnet depth 20, width 16; transformer_lm depth 2,
+// width 128, heads 4), and checks them, naming the field. Other model types
+// are left as they are.
+absl::Status ResolveModel(v1::ModelSpec& model, int64_t classes, int64_t context);
 
 }  // namespace pipemare
 

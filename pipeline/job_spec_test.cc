@@ -375,7 +375,7 @@ TEST(JobSpecValidateTest, OtherBadEnumValues) {
                 "model.type", "mlp");
   ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_model()->set_activation("swish"); }),
                 "model.activation", "relu, tanh, gelu, sigmoid");
-  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_data()->set_type("cifar"); }),
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_data()->set_type("imagenet"); }),
                 "data.type", "mnist");
   ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_model()->set_init("xavier"); }),
                 "model.init", "torch, he");
@@ -681,6 +681,237 @@ TEST(JobSpecExamplesTest, ShippedExamplesValidate) {
     ApplyJobSpecDefaults(*spec);
     EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << name << ": " << ValidateJobSpec(*spec);
   }
+}
+
+}  // namespace
+}  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+// schedule.partition and schedule.split. The example model has 4 units.
+TEST(JobSpecValidateTest, PartitionKinds) {
+  for (const char* ok : {"", "uniform", "parameters", "profile"}) {
+    EXPECT_TRUE(
+        ValidateMutated([&](v1::JobSpec& s) { s.mutable_schedule()->set_partition(ok); }).ok())
+        << ok;
+  }
+  auto st = ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_partition("even"); });
+  ExpectInvalid(st, "schedule.partition", "'even' is not allowed");
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("uniform (default), parameters, profile, split"));
+}
+
+TEST(JobSpecValidateTest, PartitionSplitIsValid) {
+  EXPECT_TRUE(ValidateMutated([](v1::JobSpec& s) {
+                auto* sc = s.mutable_schedule();
+                sc->set_stages(2);
+                sc->set_partition("split");
+                sc->add_split(3);
+              }).ok());
+  EXPECT_TRUE(ValidateMutated([](v1::JobSpec& s) {
+                auto* sc = s.mutable_schedule();
+                sc->set_stages(3);
+                sc->set_partition("split");
+                sc->add_split(1);
+                sc->add_split(2);
+              }).ok());
+  // One stage: no split points.
+  EXPECT_TRUE(ValidateMutated([](v1::JobSpec& s) {
+                s.mutable_schedule()->set_stages(1);
+                s.mutable_schedule()->set_partition("split");
+              }).ok());
+  // Through the parser.
+  auto spec = ParseJobSpec(
+      "name: x\nmodel: {type: mlp, layers: [784, 64, 64, 10]}\ndata: {type: mnist, path: d}\n"
+      "optimizer: {lr: 0.1}\nschedule: {type: gpipe, stages: 2, partition: split, split: [1]}\n"
+      "train: {epochs: 1}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->schedule().partition(), "split");
+  ASSERT_EQ(spec->schedule().split_size(), 1);
+  EXPECT_EQ(spec->schedule().split(0), 1);
+  ApplyJobSpecDefaults(*spec);
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+}
+
+TEST(JobSpecValidateTest, SplitOnlyWithPartitionSplit) {
+  for (const char* kind : {"", "uniform", "profile"}) {
+    ExpectInvalid(ValidateMutated([&](v1::JobSpec& s) {
+                    s.mutable_schedule()->set_partition(kind);
+                    s.mutable_schedule()->set_stages(2);
+                    s.mutable_schedule()->add_split(2);
+                  }),
+                  "schedule.split", "applies to partition split only");
+  }
+}
+
+// Sets partition "split" with `stages` stages and the given points.
+absl::Status ValidateSplit(int stages, std::vector<int> points) {
+  return ValidateMutated([&](v1::JobSpec& s) {
+    auto* sc = s.mutable_schedule();
+    sc->set_stages(stages);
+    sc->set_partition("split");
+    for (int p : points) sc->add_split(p);
+  });
+}
+
+TEST(JobSpecValidateTest, SplitErrorsNameTheIndexAndTheRange) {
+  ExpectInvalid(ValidateSplit(3, {3}), "schedule.split",
+                "1 points for 3 stages; give stages - 1 = 2");
+  ExpectInvalid(ValidateSplit(2, {}), "schedule.split", "0 points for 2 stages");
+  ExpectInvalid(ValidateSplit(3, {2, 2}), "schedule.split[1]",
+                "2 is not after schedule.split[0] = 2; split points must increase");
+  ExpectInvalid(ValidateSplit(3, {3, 1}), "schedule.split[1]", "1 is not after");
+  ExpectInvalid(ValidateSplit(2, {0}), "schedule.split[0]",
+                "0 is out of range 1..3 for a model of 4 units");
+  ExpectInvalid(ValidateSplit(2, {4}), "schedule.split[0]",
+                "4 is out of range 1..3 for a model of 4 units");
+  ExpectInvalid(ValidateSplit(3, {1, -2}), "schedule.split[1]", "out of range");
+}
+
+TEST(JobSpecValidateTest, SplitWithUnknownUnitCountChecksWhatItCan) {
+  // A TorchScript model's unit count is known only once the coordinator reads
+  // the file: the count and order of split points are still checked here.
+  auto torchscript = [](int stages, std::vector<int> points) {
+    return ValidateMutated([&](v1::JobSpec& s) {
+      s.mutable_model()->clear_layers();
+      s.mutable_model()->set_type("torchscript");
+      s.mutable_model()->set_path("model.pt");
+      auto* sc = s.mutable_schedule();
+      sc->set_stages(stages);
+      sc->set_partition("split");
+      for (int p : points) sc->add_split(p);
+    });
+  };
+  EXPECT_TRUE(torchscript(3, {5, 40}).ok()) << torchscript(3, {5, 40});
+  ExpectInvalid(torchscript(3, {5}), "schedule.split", "1 points for 3 stages");
+  ExpectInvalid(torchscript(3, {5, 5}), "schedule.split[1]", "not after schedule.split[0] = 5");
+  ExpectInvalid(torchscript(2, {0}), "schedule.split[0]", ">= 1");
+}
+
+}  // namespace
+}  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+// data.type and the fields each type takes.
+v1::JobSpec WithData(const std::string& type, const std::string& path) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_data()->Clear();
+  spec.mutable_data()->set_type(type);
+  spec.mutable_data()->set_path(path);
+  return spec;
+}
+
+TEST(JobSpecDataTest, TypesAndTheirFields) {
+  EXPECT_TRUE(ValidateJobSpec(WithData("cifar", "data/cifar-10-batches-bin")).ok())
+      << ValidateJobSpec(WithData("cifar", "data/cifar-10-batches-bin"));
+  EXPECT_TRUE(ValidateJobSpec(WithData("text", "/usr/share/games/fortunes/cookie")).ok());
+  EXPECT_TRUE(ValidateJobSpec(WithData("idx", "data/fashion")).ok());
+  ExpectInvalid(ValidateJobSpec(WithData("imagenet", "x")), "data.type",
+                "allowed: idx, mnist, cifar, text");
+
+  // idx's four file fields belong to idx and mnist.
+  v1::JobSpec spec = WithData("cifar", "d");
+  spec.mutable_data()->set_train_images("a");
+  ExpectInvalid(ValidateJobSpec(spec), "data.train_images",
+                "idx and mnist only; cifar's files are data.train_files");
+  spec = WithData("text", "corpus.txt");
+  spec.mutable_data()->set_test_labels("a");
+  ExpectInvalid(ValidateJobSpec(spec), "data.test_labels", "idx and mnist only");
+
+  // cifar's lists belong to cifar.
+  for (const char* type : {"idx", "mnist", "text"}) {
+    spec = WithData(type, "d");
+    spec.mutable_data()->add_train_files("a.bin");
+    ExpectInvalid(ValidateJobSpec(spec), "data.train_files", "cifar only");
+    spec = WithData(type, "d");
+    spec.mutable_data()->add_test_files("a.bin");
+    ExpectInvalid(ValidateJobSpec(spec), "data.test_files", "cifar only");
+  }
+
+  // text's fields belong to text.
+  for (const char* type : {"idx", "mnist", "cifar"}) {
+    spec = WithData(type, "d");
+    spec.mutable_data()->set_context(32);
+    ExpectInvalid(ValidateJobSpec(spec), "data.context", "text only");
+    spec = WithData(type, "d");
+    spec.mutable_data()->set_validation_fraction(0.2);
+    ExpectInvalid(ValidateJobSpec(spec), "data.validation_fraction", "text only");
+  }
+}
+
+TEST(JobSpecDataTest, CifarPathAndFiles) {
+  v1::JobSpec spec = WithData("cifar", "");
+  ExpectInvalid(ValidateJobSpec(spec), "data.path", "data_batch_1.bin");
+  spec.mutable_data()->add_train_files("/d/data_batch_1.bin");
+  ExpectInvalid(ValidateJobSpec(spec), "data.path", "both data.train_files and data.test_files");
+  spec.mutable_data()->add_test_files("/d/test_batch.bin");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.mutable_data()->add_train_files("");
+  ExpectInvalid(ValidateJobSpec(spec), "data.train_files[1]", "empty");
+  spec = WithData("cifar", "d");
+  spec.mutable_data()->add_test_files("");
+  ExpectInvalid(ValidateJobSpec(spec), "data.test_files[0]", "empty");
+  // One list with data.path for the other split.
+  spec = WithData("cifar", "d");
+  spec.mutable_data()->add_train_files("data_batch_1.bin");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+TEST(JobSpecDataTest, TextPathContextAndFraction) {
+  ExpectInvalid(ValidateJobSpec(WithData("text", "")), "data.path", "corpus");
+  auto with = [](auto mutate) {
+    v1::JobSpec spec = WithData("text", "corpus.txt");
+    mutate(*spec.mutable_data());
+    return ValidateJobSpec(spec);
+  };
+  EXPECT_TRUE(with([](v1::DataSpec& d) {
+                d.set_context(1);
+                d.set_validation_fraction(0.5);
+              }).ok());
+  EXPECT_TRUE(with([](v1::DataSpec& d) { d.set_context(65536); }).ok());
+  ExpectInvalid(with([](v1::DataSpec& d) { d.set_context(65537); }), "data.context", "1..65536");
+  ExpectInvalid(with([](v1::DataSpec& d) { d.set_context(-4); }), "data.context", "1..65536");
+  ExpectInvalid(with([](v1::DataSpec& d) { d.set_validation_fraction(1); }),
+                "data.validation_fraction", "(0, 1)");
+  ExpectInvalid(with([](v1::DataSpec& d) { d.set_validation_fraction(-0.5); }),
+                "data.validation_fraction", "(0, 1)");
+  ExpectInvalid(with([](v1::DataSpec& d) { d.set_train_limit(-1); }), "data.train_limit", ">= 0");
+}
+
+TEST(JobSpecDataTest, NormalizeIsForImages) {
+  v1::JobSpec spec = WithData("text", "corpus.txt");
+  spec.mutable_data()->set_normalize(true);
+  ExpectInvalid(ValidateJobSpec(spec), "data.normalize", "images only");
+  spec = WithData("mnist", "data/mnist");
+  spec.mutable_data()->set_normalize(false);
+  ExpectInvalid(ValidateJobSpec(spec), "data.normalize", "data.type idx");
+  spec.mutable_data()->set_normalize(true);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  for (const char* type : {"idx", "cifar"}) {
+    spec = WithData(type, "d");
+    spec.mutable_data()->set_normalize(false);
+    EXPECT_TRUE(ValidateJobSpec(spec).ok()) << type << ": " << ValidateJobSpec(spec);
+  }
+}
+
+// MNIST's widths are an MLP's business: other model types are checked against
+// the data when it is read.
+TEST(JobSpecDataTest, MnistWidthsOnlyConstrainAnMlp) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_model()->set_layers(0, 100); }),
+                "model.layers[0]", "MNIST images have 784 pixels");
+  // The same widths are fine on idx data (checked against the files at submit).
+  EXPECT_TRUE(ValidateMutated([](v1::JobSpec& s) {
+                s.mutable_model()->set_layers(0, 100);
+                s.mutable_data()->set_type("idx");
+              }).ok());
+  const absl::Status st = ValidateMutated([](v1::JobSpec& s) {
+    s.mutable_model()->clear_layers();
+    s.mutable_model()->set_type("resnet");
+  });
+  EXPECT_THAT(std::string(st.message()), ::testing::Not(HasSubstr("MNIST"))) << st;
 }
 
 }  // namespace

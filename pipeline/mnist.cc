@@ -292,7 +292,13 @@ absl::StatusOr<Dataset> LoadDataset(const v1::DataSpec& d) {
   }
   Dataset out;
   out.classes = *classes;
-  out.normalisation = mnist ? kMnistNormalisation : MeanStd(train->pixels);
+  if (mnist) {
+    out.normalisation = kMnistNormalisation;
+  } else if (d.has_normalize() && !d.normalize()) {
+    out.normalisation = Normalisation{};  // p / 255
+  } else {
+    out.normalisation = MeanStd(train->pixels);
+  }
   Normalise(*train, out.normalisation);
   Normalise(*test, out.normalisation);
   out.train = std::move(*train);
@@ -300,9 +306,10 @@ absl::StatusOr<Dataset> LoadDataset(const v1::DataSpec& d) {
   return out;
 }
 
-absl::Status CheckDataset(const v1::JobSpec& spec) {
-  const v1::DataSpec& d = spec.data();
-  const IdxFiles f = ResolveIdxFiles(d);
+absl::StatusOr<IdxInfo> InspectIdx(const v1::DataSpec& d) {
+  IdxInfo info;
+  info.files = ResolveIdxFiles(d);
+  const IdxFiles& f = info.files;
   if (auto st = RequirePaths(f); !st.ok()) return st;
   auto train = OpenPair(f.train_images, f.train_labels);
   if (!train.ok()) return train.status();
@@ -323,7 +330,21 @@ absl::Status CheckDataset(const v1::JobSpec& spec) {
       !st.ok()) {
     return st;
   }
-  return CheckModelFitsData(spec.model(), f, train->rows(), train->cols(), *classes);
+  auto limited = [](int64_t count, int64_t limit) {
+    return limit > 0 ? std::min(limit, count) : count;
+  };
+  info.rows = train->rows();
+  info.cols = train->cols();
+  info.classes = *classes;
+  info.train_count = limited(train->count(), d.train_limit());
+  info.test_count = limited(test->count(), d.test_limit());
+  return info;
+}
+
+absl::Status CheckDataset(const v1::JobSpec& spec) {
+  auto info = InspectIdx(spec.data());
+  if (!info.ok()) return info.status();
+  return CheckModelFitsData(spec.model(), info->files, info->rows, info->cols, info->classes);
 }
 
 absl::Status CheckModelFitsData(const v1::ModelSpec& model, const IdxFiles& f, int64_t rows,

@@ -72,13 +72,27 @@ IdxFiles ResolveIdxFiles(const v1::DataSpec& data);
 // max(label) + 1 over the whole training label file for "idx" (every loaded
 // test label is below it). "idx" normalises with the mean and standard
 // deviation of the loaded training pixels (after train_limit; std 1 if they
-// are all equal). Errors start with the spec field and name the file.
+// are all equal), or not at all (mean 0, std 1: p / 255) when data.normalize
+// is false. Errors start with the spec field and name the file.
 struct Dataset {
   ImageDataset train, test;
   int64_t classes = 0;
   Normalisation normalisation;
 };
 absl::StatusOr<Dataset> LoadDataset(const v1::DataSpec& data);
+
+// What the headers and label files of a job's idx data say (the checks of
+// CheckDataset without the model): the four files exist, their headers are
+// valid idx with matching image and label counts and equal image sizes in
+// both splits; the training label file gives the classes (see Dataset) and
+// the test labels in use must be below it. Counts are after
+// data.train_limit / data.test_limit. Pixel data is not read.
+struct IdxInfo {
+  IdxFiles files;
+  int64_t rows = 0, cols = 0, classes = 0;
+  int64_t train_count = 0, test_count = 0;
+};
+absl::StatusOr<IdxInfo> InspectIdx(const v1::DataSpec& data);
 
 // The submit-time check of a job's data against its model, cheap enough for
 // an RPC: the four files exist, their headers are valid idx with matching

@@ -10,6 +10,7 @@
 #include "pipeline/harness.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/lr_schedule.h"
+#include "pipeline/model.h"
 #include "pipeline/partition.h"
 #include "pipeline/pipemare_math.h"
 
@@ -64,8 +65,9 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
   std::vector<ReplayStage> stages(P);
   for (int i = 0; i < P; ++i) {
     ReplayStage& st = stages[i];
-    st.module =
-        *BuildUnits(spec.model(), ranges[i].first_unit, ranges[i].units, spec.train().seed());
+    st.module = BuildUnits(spec.model(), ranges[i].first_unit, ranges[i].units, spec.train().seed(),
+                           TensorType{{spec.model().layers(ranges[i].first_unit)}, false})
+                    ->module;
     st.module->to(torch::kFloat64);
     st.sgd = std::make_unique<torch::optim::SGD>(st.module->parameters(),
                                                  torch::optim::SGDOptions(spec.optimizer().lr())

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/lr_schedule.h"
+#include "pipeline/model.h"
 #include "pipeline/pipemare_math.h"
 
 namespace pipemare {
@@ -30,13 +31,6 @@ absl::Status Guard(const char* what, Fn&& fn) {
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(what, ": ", e.what()));
   }
-}
-
-torch::nn::AnyModule Activation(const std::string& name) {
-  if (name == "tanh") return torch::nn::AnyModule(torch::nn::Tanh());
-  if (name == "gelu") return torch::nn::AnyModule(torch::nn::GELU());
-  if (name == "sigmoid") return torch::nn::AnyModule(torch::nn::Sigmoid());
-  return torch::nn::AnyModule(torch::nn::ReLU());
 }
 
 // The virtual device's stand-in for compute.
@@ -74,30 +68,6 @@ absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& type) {
                                            "pipedream, async"));
 }
 
-absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int first_unit,
-                                                 int units, int64_t seed) {
-  if (model.type() != "mlp") return Bad("model.type", "only 'mlp' is supported");
-  const int total = ModelUnitCount(model);
-  if (first_unit < 0 || units < 1 || first_unit + units > total) {
-    return Bad("units", absl::StrCat("range [", first_unit, ", ", first_unit + units,
-                                     ") is outside the model's ", total, " units"));
-  }
-  torch::nn::Sequential seq;
-  for (int u = first_unit; u < first_unit + units; ++u) {
-    // Seeding per unit makes initial weights independent of the partition.
-    torch::manual_seed(static_cast<uint64_t>(seed) * 1000003ULL + static_cast<uint64_t>(u));
-    torch::nn::Linear linear(model.layers(u), model.layers(u + 1));
-    if (model.init() == "he") {
-      torch::NoGradGuard no_grad;
-      torch::nn::init::kaiming_normal_(linear->weight, 0, torch::kFanIn, torch::kReLU);
-      linear->bias.zero_();
-    }
-    seq->push_back(linear);
-    if (u + 1 < total) seq->push_back(Activation(model.activation()));
-  }
-  return seq;
-}
-
 absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::StageAssignment& a,
                                                                    torch::Device device,
                                                                    torch::Dtype dtype,
@@ -117,9 +87,15 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
   }
   torch::nn::Sequential module;
   absl::Status built = Guard("building the stage", [&] {
-    auto m = BuildUnits(a.model(), a.first_unit(), a.units(), a.seed());
+    TensorType input{{a.input_shape().begin(), a.input_shape().end()}, a.token_input()};
+    // An MLP's stage input is a flat vector of its first layer's width.
+    if (input.shape.empty() && a.model().type() == "mlp" &&
+        a.first_unit() < a.model().layers_size()) {
+      input.shape = {a.model().layers(a.first_unit())};
+    }
+    auto m = BuildUnits(a.model(), a.first_unit(), a.units(), a.seed(), input, a.torchscript());
     if (m.ok()) {
-      module = *m;
+      module = m->module;
       module->to(device, dtype);
     } else
       throw std::invalid_argument(std::string(m.status().message()));
@@ -236,10 +212,38 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
   if (train && saved_.count(microbatch)) {
     return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch, " forwarded twice"));
   }
+  torch::Tensor rng;
+  if (train) rng = RngState();
+  auto out = Run(microbatch, input, train);
+  if (out.ok() && train) Remember(microbatch, input, torch::Tensor(), rng);
+  return out;
+}
+
+torch::Tensor StageRuntime::RngState() const {
+  if (virtual_.enabled) return torch::Tensor();
+  auto gen = device_.is_cuda() ? at::globalContext().defaultGenerator(device_)
+                               : at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void StageRuntime::SetRngState(const torch::Tensor& state) {
+  auto gen = device_.is_cuda() ? at::globalContext().defaultGenerator(device_)
+                               : at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+absl::StatusOr<torch::Tensor> StageRuntime::Run(uint64_t microbatch, const torch::Tensor& input,
+                                                bool train) {
+  (void)microbatch;
   torch::Tensor out;
   absl::Status st = Guard(absl::StrCat("stage ", stage_, " forward").c_str(), [&] {
     torch::NoGradGuard no_grad;
     if (!virtual_.enabled) {
+      // Training forwards use batch statistics and dropout; evaluation the
+      // running statistics and no dropout.
+      module_->train(train);
       out = module_->forward(input.to(device_));
       return;
     }
@@ -257,12 +261,11 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
     out = shape->second;  // shared and never written: no allocation per microbatch
   });
   if (!st.ok()) return st;
-  if (train) Remember(microbatch, input, torch::Tensor());
   return out;
 }
 
 void StageRuntime::Remember(uint64_t microbatch, const torch::Tensor& input,
-                            const torch::Tensor& targets) {
+                            const torch::Tensor& targets, const torch::Tensor& rng) {
   // Only the compute thread changes the weights and the step count, so
   // reading them here without stats_mu_ is safe.
   const int64_t version = stats_.steps;
@@ -273,7 +276,7 @@ void StageRuntime::Remember(uint64_t microbatch, const torch::Tensor& input,
   }
   std::lock_guard<std::mutex> lock(stats_mu_);
   saved_[microbatch] =
-      Saved{input.to(device_), targets.defined() ? targets.to(device_) : targets, version};
+      Saved{input.to(device_), targets.defined() ? targets.to(device_) : targets, version, rng};
   if (stashing_) {
     Stash& stash = stash_[version];
     if (stash.weights.empty()) stash.weights = std::move(weights);
@@ -283,35 +286,55 @@ void StageRuntime::Remember(uint64_t microbatch, const torch::Tensor& input,
   UpdateMemoryLocked();
 }
 
+namespace {
+
+// Cross-entropy of logits [B, ..., C] against class ids [B, ...]: one class
+// per example (classification) or per position (language models).
+torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                              targets.reshape({-1}));
+}
+
+}  // namespace
+
 absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
                                                      const torch::Tensor& input,
                                                      const torch::Tensor& targets, bool train) {
   if (!is_last()) return absl::FailedPreconditionError("ForwardLoss on a stage that is not last");
-  if (targets.dim() != 1 || input.dim() < 1 || targets.size(0) != input.size(0) ||
+  if (targets.dim() < 1 || input.dim() < 1 || targets.size(0) != input.size(0) ||
       targets.scalar_type() != torch::kInt64) {
     return absl::InvalidArgumentError(absl::StrCat("targets of microbatch ", microbatch,
                                                    " must be INT64 of shape [",
-                                                   input.dim() ? input.size(0) : 0, "]"));
+                                                   input.dim() ? input.size(0) : 0, ", ...]"));
   }
   if (train && saved_.count(microbatch)) {
     return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch, " forwarded twice"));
   }
-  auto out = Forward(microbatch, input, /*train=*/false);
+  torch::Tensor rng;
+  if (train) rng = RngState();
+  auto out = Run(microbatch, input, train);
   if (!out.ok()) return out.status();
   LossResult r;
   absl::Status st = Guard("loss", [&] {
-    const int64_t classes = out->size(1);
+    const auto want = out->sizes().slice(0, out->dim() - 1);
+    if (out->dim() < 2 || !targets.sizes().equals(want)) {
+      throw std::invalid_argument(absl::StrCat(
+          "targets of shape ", c10::str(targets.sizes()), " do not match the model's output ",
+          c10::str(out->sizes()), " (logits: one class dimension last)"));
+    }
+    const int64_t classes = out->size(-1);
     if (targets.numel() > 0 &&
         (targets.min().item<int64_t>() < 0 || targets.max().item<int64_t>() >= classes)) {
       throw std::invalid_argument(absl::StrCat("targets outside 0..", classes - 1));
     }
     torch::Tensor t = targets.to(device_);
-    r.loss = torch::nn::functional::cross_entropy(*out, t).item<double>();
-    r.correct = out->argmax(1).eq(t).sum().item<int64_t>();
+    r.loss = Loss(*out, t).item<double>();
+    r.correct = out->argmax(-1).eq(t).sum().item<int64_t>();
     r.count = targets.size(0);
+    r.predictions = targets.numel();
   });
   if (!st.ok()) return st;
-  if (train) Remember(microbatch, input, targets);  // once the loss is known to be computable
+  if (train) Remember(microbatch, input, targets, rng);  // once the loss is known to be computable
   return r;
 }
 
@@ -373,10 +396,11 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
               }
               torch::Tensor x = saved.input.detach();
               if (!is_first()) x.requires_grad_(true);
-              torch::Tensor out = module_->forward(x);
+              std::vector<torch::Tensor> buffers;
+              torch::Tensor out = Recompute(x, saved.rng, &buffers);
               if (is_last()) {
-                torch::Tensor loss = torch::nn::functional::cross_entropy(out, saved.targets) /
-                                     static_cast<double>(microbatches_per_step_);
+                torch::Tensor loss =
+                    Loss(out, saved.targets) / static_cast<double>(microbatches_per_step_);
                 loss.backward();
               } else {
                 if (!grad_output.sizes().equals(out.sizes())) {
@@ -386,6 +410,9 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
                 out.backward(grad_output.to(device_, out.scalar_type()));
               }
               if (!is_first()) grad_input = x.grad();
+              torch::NoGradGuard no_grad;
+              auto live = module_->buffers();
+              for (size_t j = 0; j < live.size(); ++j) live[j].copy_(buffers[j]);
             });
   if (!st.ok()) return st;  // saved_ keeps the microbatch: the stage fails anyway
   {
@@ -410,6 +437,28 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
     Step();
   }
   return grad_input;
+}
+
+torch::Tensor StageRuntime::Recompute(const torch::Tensor& x, const torch::Tensor& rng,
+                                      std::vector<torch::Tensor>* buffers) {
+  // The training forward already updated BatchNorm's running statistics and
+  // drew dropout's masks: the recompute replays the forward's random numbers
+  // and hands back the buffers as they were, to be put back after the
+  // backward (autograd holds them until then), so it differs from the forward
+  // only by the weights it runs at.
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& b : module_->buffers()) buffers->push_back(b.clone());
+  }
+  torch::Tensor now;
+  if (rng.defined()) {
+    now = RngState();
+    SetRngState(rng);
+  }
+  module_->train(true);
+  torch::Tensor out = module_->forward(x);
+  if (rng.defined()) SetRngState(now);
+  return out;
 }
 
 void StageRuntime::Step() {

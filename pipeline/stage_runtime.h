@@ -45,12 +45,6 @@ absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& type);
 // Every schedule but gpipe: 1F1B, updates as soon as N backwards are done.
 inline bool IsAsynchronous(ScheduleKind kind) { return kind != ScheduleKind::kGPipe; }
 
-// Builds units [first_unit, first_unit + units) of `model`. Unit u's weights
-// are drawn from a generator seeded with (seed, u), so a model's initial
-// weights do not depend on how it is partitioned.
-absl::StatusOr<torch::nn::Sequential> BuildUnits(const v1::ModelSpec& model, int first_unit,
-                                                 int units, int64_t seed);
-
 // Bytes a stage holds now, from the tensors themselves.
 struct StageMemory {
   int64_t weights = 0;
@@ -103,9 +97,10 @@ struct VirtualDevice {
 absl::StatusOr<VirtualDevice> ParseVirtualDevice(const std::string& text, const std::string& flag);
 
 struct LossResult {
-  double loss = 0;  // mean cross-entropy over the microbatch
+  double loss = 0;  // mean cross-entropy over the microbatch's predictions
   int64_t correct = 0;
-  int64_t count = 0;
+  int64_t count = 0;        // examples
+  int64_t predictions = 0;  // examples, or tokens for a language model
 };
 
 class StageRuntime {
@@ -138,8 +133,9 @@ class StageRuntime {
                                         bool train);
 
   // Last stage only: forward plus cross-entropy against `targets` (INT64
-  // class ids). With `train`, saves input and targets; the backward follows
-  // with Backward(microbatch, {}).
+  // class ids: [B] for classification, [B, T] next tokens for a language
+  // model whose output is [B, T, vocab]). With `train`, saves input and targets; the backward
+  // follows with Backward(microbatch, {}).
   absl::StatusOr<LossResult> ForwardLoss(uint64_t microbatch, const torch::Tensor& input,
                                          const torch::Tensor& targets, bool train);
 
@@ -153,6 +149,7 @@ class StageRuntime {
 
   // The stage's parameters (for tests).
   std::vector<torch::Tensor> Parameters() const { return module_->parameters(); }
+  std::vector<torch::Tensor> Buffers() const { return module_->buffers(); }
 
  private:
   StageRuntime(const v1::StageAssignment& a, ScheduleKind kind, torch::nn::Sequential module,
@@ -162,6 +159,7 @@ class StageRuntime {
     torch::Tensor input;
     torch::Tensor targets;  // last stage only
     int64_t step = 0;       // optimizer steps applied when the forward ran
+    torch::Tensor rng;      // the generator's state before the forward (dropout's masks)
   };
 
   // A stashed weight version (pipedream) and the in-flight microbatches
@@ -173,7 +171,18 @@ class StageRuntime {
 
   // Saves what the backward of a training forward needs: the stage input,
   // the targets (last stage) and, under pipedream, the weight version.
-  void Remember(uint64_t microbatch, const torch::Tensor& input, const torch::Tensor& targets);
+  void Remember(uint64_t microbatch, const torch::Tensor& input, const torch::Tensor& targets,
+                const torch::Tensor& rng);
+  // The forward without remembering anything (training or evaluation mode).
+  absl::StatusOr<torch::Tensor> Run(uint64_t microbatch, const torch::Tensor& input, bool train);
+  // The backward's forward at the current (swapped-in) weights, with graph,
+  // dropout's masks replayed from `rng`. `buffers` receives copies of the
+  // module's buffers from before it (BatchNorm's running statistics), for the
+  // caller to put back once the backward is done.
+  torch::Tensor Recompute(const torch::Tensor& x, const torch::Tensor& rng,
+                          std::vector<torch::Tensor>* buffers);
+  torch::Tensor RngState() const;
+  void SetRngState(const torch::Tensor& state);
   // The weights the backward of `saved` differentiates at, when not the
   // current w_t: the stashed version (pipedream; null when none is needed),
   // or T2's u_bkwd = w_t - τ_i δ (pipemare after any warm-up).

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/model.h"
 #include "pipeline/pipemare_math.h"
 
 namespace pipemare {
@@ -60,9 +61,9 @@ std::unique_ptr<StageRuntime> MustCreate(const v1::StageAssignment& a) {
 
 torch::nn::Sequential MustBuild(const v1::ModelSpec& m, int first, int units,
                                 int64_t seed = kSeed) {
-  auto s = BuildUnits(m, first, units, seed);
+  auto s = BuildUnits(m, first, units, seed, TensorType{{m.layers(first)}, false});
   EXPECT_TRUE(s.ok()) << s.status();
-  return *s;
+  return s.ok() ? s->module : torch::nn::Sequential();
 }
 
 std::vector<torch::Tensor> Snapshot(const std::vector<torch::Tensor>& params) {
@@ -98,95 +99,6 @@ torch::Tensor Inputs(int64_t seed, int64_t width = 4) {
 torch::Tensor Targets(int64_t seed, int64_t classes = 2) {
   torch::manual_seed(seed);
   return torch::randint(0, classes, {kBatch}, torch::kInt64);
-}
-
-// ---------------------------------------------------------------------------
-// BuildUnits
-
-TEST(BuildUnitsTest, WeightsDoNotDependOnThePartition) {
-  const v1::ModelSpec model = Mlp({4, 3, 3, 2});
-  torch::nn::Sequential whole = MustBuild(model, 0, 3);
-  EXPECT_EQ(whole->size(), 5u);  // Linear ReLU Linear ReLU Linear
-  std::vector<torch::Tensor> split;
-  std::vector<torch::nn::Sequential> parts;
-  for (int u = 0; u < 3; ++u) {
-    parts.push_back(MustBuild(model, u, 1));
-    for (const auto& p : parts.back()->parameters()) split.push_back(p);
-  }
-  EXPECT_EQ(parts[0]->size(), 2u);
-  EXPECT_EQ(parts[2]->size(), 1u);  // no activation after the last unit
-  const auto joined = whole->parameters();
-  ASSERT_EQ(joined.size(), split.size());
-  for (size_t i = 0; i < joined.size(); ++i) {
-    EXPECT_TRUE(torch::equal(joined[i], split[i])) << "parameter " << i;
-  }
-  // Two stages [0,2) + [2,3) as well.
-  auto front = MustBuild(model, 0, 2);
-  auto fp = front->parameters();
-  for (size_t i = 0; i < fp.size(); ++i) EXPECT_TRUE(torch::equal(fp[i], joined[i]));
-
-  torch::NoGradGuard no_grad;
-  torch::Tensor x = Inputs(1);
-  torch::Tensor chained = parts[2]->forward(parts[1]->forward(parts[0]->forward(x)));
-  EXPECT_TRUE(torch::allclose(whole->forward(x), chained, 1e-6, 1e-7));
-}
-
-TEST(BuildUnitsTest, HeInitKeepsTheSignalOfADeepReluMlp) {
-  v1::ModelSpec model = Mlp({784, 512, 512, 10});
-  model.set_init("he");
-  torch::nn::Sequential he = MustBuild(model, 0, 3);
-  auto params = he->parameters();
-  EXPECT_NEAR(params[0].std().item<double>(), std::sqrt(2.0 / 784), 0.02 * std::sqrt(2.0 / 784));
-  EXPECT_EQ(params[1].abs().max().item<double>(), 0) << "zero biases";
-  // Partition-independent like the default.
-  auto second = MustBuild(model, 1, 1)->parameters();
-  EXPECT_TRUE(torch::equal(second[0], params[2]));
-  // The signal through 2 ReLU layers keeps its scale (torch's default shrinks it).
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(3);
-  const torch::Tensor x = torch::randn({256, 784});
-  const double he_scale = he->forward(x).std().item<double>();
-  const double torch_scale =
-      MustBuild(Mlp({784, 512, 512, 10}), 0, 3)->forward(x).std().item<double>();
-  EXPECT_GT(he_scale, 3 * torch_scale);
-}
-
-TEST(BuildUnitsTest, SeedChangesWeights) {
-  const v1::ModelSpec model = Mlp({4, 3, 3, 2});
-  auto a = MustBuild(model, 0, 3, 1)->parameters();
-  auto b = MustBuild(model, 0, 3, 2)->parameters();
-  auto a2 = MustBuild(model, 0, 3, 1)->parameters();
-  EXPECT_FALSE(torch::equal(a[0], b[0]));
-  EXPECT_TRUE(torch::equal(a[0], a2[0]));
-}
-
-TEST(BuildUnitsTest, Activations) {
-  for (const char* act : {"relu", "tanh", "gelu", "sigmoid"}) {
-    auto s = MustBuild(Mlp({4, 3, 2}, act), 0, 2);
-    ASSERT_EQ(s->size(), 3u) << act;
-    torch::NoGradGuard no_grad;
-    torch::Tensor h = s[0]->as<torch::nn::Linear>()->forward(Inputs(2));
-    torch::Tensor expected;
-    if (std::string(act) == "relu") expected = torch::relu(h);
-    if (std::string(act) == "tanh") expected = torch::tanh(h);
-    if (std::string(act) == "gelu") expected = torch::gelu(h);
-    if (std::string(act) == "sigmoid") expected = torch::sigmoid(h);
-    // The module between the two Linear layers must be the named activation.
-    torch::Tensor full = s->forward(Inputs(2));
-    torch::Tensor manual = s[2]->as<torch::nn::Linear>()->forward(expected);
-    EXPECT_TRUE(torch::allclose(full, manual, 1e-6, 1e-7)) << act;
-  }
-}
-
-TEST(BuildUnitsTest, Errors) {
-  const v1::ModelSpec model = Mlp({4, 3, 3, 2});
-  EXPECT_EQ(BuildUnits(model, 2, 2, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(BuildUnits(model, 3, 1, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(BuildUnits(model, -1, 1, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(BuildUnits(model, 0, 0, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  v1::ModelSpec cnn = model;
-  cnn.set_type("cnn");
-  EXPECT_EQ(BuildUnits(cnn, 0, 1, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------
@@ -1118,6 +1030,112 @@ TEST(VirtualDeviceTest, KeepsShapesStepsAndDelaysButNotValues) {
   // A shape the first unit does not take is still refused.
   auto bad = (*first)->Forward(9, torch::zeros({kBatch, 5}), true);
   EXPECT_FALSE(bad.ok());
+}
+
+// ---------------------------------------------------------------------------
+// Models with state and randomness, and language-model losses
+
+v1::StageAssignment SequentialStage(const std::vector<v1::UnitSpec>& units,
+                                    const std::vector<int64_t>& input_shape, bool tokens = false) {
+  v1::ModelSpec m;
+  m.set_type("sequential");
+  for (const auto& u : units) *m.add_units() = u;
+  v1::StageAssignment a = Assignment("gpipe", 0, 1, 0, static_cast<int>(units.size()), m, 1.0);
+  for (int64_t d : input_shape) a.add_input_shape(d);
+  a.set_token_input(tokens);
+  return a;
+}
+
+v1::UnitSpec Layer(const std::string& type, int64_t out = 0) {
+  v1::UnitSpec u;
+  u.set_type(type);
+  u.set_out(out);
+  return u;
+}
+
+TEST(StageRuntimeModelTest, TheBackwardReplaysTheForwardsDropoutMask) {
+  v1::UnitSpec drop = Layer("dropout");
+  drop.set_p(0.5);
+  const v1::StageAssignment a =
+      SequentialStage({Layer("linear", 8), drop, Layer("linear", 3)}, {4});
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  const auto before = Snapshot(rt->Parameters());
+  torch::Tensor x = Inputs(5), y = Targets(6, 3);
+  // The reference: the same weights, the same generator state, one plain
+  // training step of plain LibTorch.
+  auto reference = BuildUnits(a.model(), 0, 3, kSeed, TensorType{{4}, false});
+  ASSERT_TRUE(reference.ok());
+  torch::nn::Sequential ref = reference->module;
+  auto gen = at::detail::getDefaultCPUGenerator();
+  torch::Tensor state = gen.get_state();
+  ASSERT_TRUE(rt->ForwardLoss(1, x, y, true).ok());
+  // Another draw between the forward and its backward must not matter.
+  torch::rand({100});
+  ASSERT_TRUE(rt->Backward(1, torch::Tensor()).ok());
+  gen.set_state(state);
+  ref->train();
+  torch::nn::functional::cross_entropy(ref->forward(x), y).backward();
+  const auto after = rt->Parameters();
+  const auto ref_params = ref->parameters();
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(before[i] - after[i], ref_params[i].grad(), 1e-5, 1e-6))
+        << "parameter " << i;
+  }
+}
+
+TEST(StageRuntimeModelTest, BatchNormUpdatesItsRunningStatsOncePerTrainingForward) {
+  const v1::StageAssignment a =
+      SequentialStage({Layer("batchnorm2d"), Layer("flatten"), Layer("linear", 2)}, {2, 3, 3});
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  torch::manual_seed(7);
+  torch::Tensor x = torch::randn({kBatch, 2, 3, 3}) + 1;
+  ASSERT_TRUE(rt->ForwardLoss(1, x, Targets(8), true).ok());
+  auto back = rt->Backward(1, torch::Tensor());
+  ASSERT_TRUE(back.ok()) << back.status();
+  // momentum 0.1 from a running mean of 0: one update, not two.
+  torch::Tensor running_mean;
+  for (const auto& p : rt->Buffers()) {
+    if (p.dim() == 1 && p.size(0) == 2 && p.scalar_type() == torch::kFloat) {
+      running_mean = p;
+      break;
+    }
+  }
+  ASSERT_TRUE(running_mean.defined());
+  EXPECT_TRUE(torch::allclose(running_mean, 0.1 * x.mean({0, 2, 3}), 1e-5, 1e-6))
+      << running_mean << " vs " << 0.1 * x.mean({0, 2, 3});
+  // Evaluation uses the running statistics (and changes nothing).
+  auto eval = rt->ForwardLoss(2, x, Targets(8), false);
+  ASSERT_TRUE(eval.ok());
+  EXPECT_TRUE(torch::allclose(running_mean, 0.1 * x.mean({0, 2, 3}), 1e-5, 1e-6));
+}
+
+TEST(StageRuntimeModelTest, LanguageModelLossIsPerTokenAndCountsTokens) {
+  v1::UnitSpec embed = Layer("embedding");
+  embed.set_vocab(11);
+  embed.set_dim(6);
+  const v1::StageAssignment a = SequentialStage({embed, Layer("linear", 11)}, {7}, true);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  torch::manual_seed(9);
+  torch::Tensor x = torch::randint(0, 11, {kBatch, 7}, torch::kLong);
+  torch::Tensor y = (x + 1) % 11;  // learnable: the next id
+  double first = 0;
+  for (int i = 1; i <= 30; ++i) {
+    auto r = rt->ForwardLoss(i, x, y, true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->count, kBatch);
+    EXPECT_EQ(r->predictions, kBatch * 7);
+    if (i == 1) first = r->loss;
+    if (i == 1) EXPECT_NEAR(first, std::log(11.0), 0.5) << "near uniform at the start";
+    ASSERT_TRUE(rt->Backward(i, torch::Tensor()).ok());
+  }
+  auto last = rt->ForwardLoss(100, x, y, false);
+  EXPECT_LT(last->loss, first * 0.7);
+  // Targets that do not match the output are refused, not a crash.
+  auto bad = rt->ForwardLoss(101, x, y.slice(1, 0, 3), false);
+  EXPECT_THAT(bad.status().message(), HasSubstr("do not match the model's output"));
 }
 
 }  // namespace

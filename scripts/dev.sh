@@ -14,13 +14,15 @@ jobs=${JOBS:-$(nproc)}
 # the reference BLAS Debian's LibTorch would otherwise use (6x faster here).
 # zlib1g-dev reads gzipped idx datasets; dataset-fashion-mnist is Fashion-MNIST
 # (/usr/share/datasets/fashion-mnist) for examples/fashion_mnist_pipemare.yaml
-# and the end-to-end tests.
+# and the end-to-end tests; fortunes is a plain-text corpus for data.type text
+# (/usr/share/games/fortunes/cookie, 245 kB of ASCII) for the examples and
+# pipeline/data_test.cc.
 packages=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtorch-dev libopenblas0-openmp prometheus-cpp-dev libgtest-dev libgmock-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev
   libcpp-httplib-dev zlib1g-dev
-  prometheus dataset-fashion-mnist)
+  prometheus dataset-fashion-mnist fortunes)
 
 deps() {
   local missing=()

@@ -369,6 +369,7 @@ absl::Status StageHost::HandleActivation(const Event& event) {
   msg.mutable_result()->set_loss(result->loss);
   msg.mutable_result()->set_correct(result->correct);
   msg.mutable_result()->set_count(result->count);
+  msg.mutable_result()->set_predictions(result->predictions);
   if (auto st = Send(Side::kTargets, std::move(msg)); !st.ok()) return st;
   // Last stage: the backwards the plan puts next (1F1B: this one; gpipe:
   // the step's N after its N-th forward) need no input from anyone.
