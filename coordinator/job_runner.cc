@@ -12,8 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "pipeline/data.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/mnist.h"
+#include "pipeline/model_plan.h"
 #include "pipeline/partition.h"
 #include "pipeline/pipemare_math.h"
 #include "pipeline/schedule.h"
@@ -65,8 +67,13 @@ class JobRunner::Impl {
   void ReadFeed(Feed* feed, const std::string& what);
   void CloseFeeds();
   void ReleaseStages();
-  absl::Status SendMicrobatch(const ImageDataset& data, const std::vector<int64_t>& order,
+  absl::Status SendMicrobatch(const Examples& data, const std::vector<int64_t>& order,
                               int64_t begin, int64_t count, uint64_t id, v1::Phase phase);
+  // Cuts the model into stages by schedule.partition; fills the stages'
+  // units, parameters, predicted cost and the bottleneck in the job status.
+  absl::StatusOr<std::vector<StageRange>> Partition(const ModelPlan& plan);
+  // Each worker times every unit (partition "profile"): cost[stage][unit].
+  absl::StatusOr<std::vector<std::vector<double>>> Profile(const ModelPlan& plan);
   // Processes feed events until `done()` holds. Fails on cancel, a stage
   // error, a lost worker, or a stall.
   absl::Status WaitUntil(const std::function<bool()>& done);
@@ -99,6 +106,7 @@ class JobRunner::Impl {
   int64_t epoch_loss_count_ = 0;
   double eval_loss_ = 0;
   int64_t eval_correct_ = 0, eval_count_ = 0;
+  int64_t eval_predictions_ = 0;  // examples, or tokens for a language model
   double last_train_loss_ = NAN;
   int64_t steps_per_epoch_ = 0;
   int64_t total_steps_ = 0;
@@ -117,9 +125,6 @@ absl::Status JobRunner::Run() {
 }
 
 absl::Status JobRunner::Impl::LoadStages(std::vector<v1::StageAssignment> assignments) {
-  for (int i = 0; i < P_; ++i) {
-    stubs_.push_back(v1::StageWorker::NewStub(MakeChannel(r_.workers_[i].address())));
-  }
   // Last stage first: each stage opens its stream to the next on load.
   for (int i = P_ - 1; i >= 0; --i) {
     v1::StageAssignment& a = assignments[i];
@@ -214,25 +219,35 @@ void JobRunner::Impl::ReleaseStages() {
   }
 }
 
-absl::Status JobRunner::Impl::SendMicrobatch(const ImageDataset& data,
+absl::Status JobRunner::Impl::SendMicrobatch(const Examples& data,
                                              const std::vector<int64_t>& order, int64_t begin,
                                              int64_t count, uint64_t id, v1::Phase phase) {
-  const int64_t features = data.features();
-  std::vector<float> x(count * features);
-  std::vector<int64_t> y(count);
+  const int64_t in_size = data.InputSize(), target_size = data.TargetSize();
+  const bool tokens = data.token_input();
+  std::vector<float> x(tokens ? 0 : count * in_size);
+  std::vector<int64_t> t(tokens ? count * in_size : 0);
+  std::vector<int64_t> y(count * target_size);
   for (int64_t j = 0; j < count; ++j) {
     const int64_t src = order.empty() ? begin + j : order[begin + j];
-    std::copy_n(data.pixels.data() + src * features, features, x.data() + j * features);
-    y[j] = data.labels[src];
+    if (tokens) {
+      std::copy_n(data.tokens.data() + src * in_size, in_size, t.data() + j * in_size);
+    } else {
+      std::copy_n(data.inputs.data() + src * in_size, in_size, x.data() + j * in_size);
+    }
+    std::copy_n(data.targets.data() + src * target_size, target_size, y.data() + j * target_size);
   }
+  std::vector<int64_t> x_shape = {count}, y_shape = {count};
+  x_shape.insert(x_shape.end(), data.input_shape.begin(), data.input_shape.end());
+  y_shape.insert(y_shape.end(), data.target_shape.begin(), data.target_shape.end());
   v1::StageMessage targets;
   targets.set_microbatch(id);
   targets.set_phase(phase);
-  *targets.mutable_targets() = MakeInt64Tensor(y.data(), {count});
+  *targets.mutable_targets() = MakeInt64Tensor(y.data(), y_shape);
   v1::StageMessage input;
   input.set_microbatch(id);
   input.set_phase(phase);
-  *input.mutable_activation() = MakeFloat32Tensor(x.data(), {count, features});
+  *input.mutable_activation() =
+      tokens ? MakeInt64Tensor(t.data(), x_shape) : MakeFloat32Tensor(x.data(), x_shape);
   // Targets first, so the last stage has them when the activation arrives.
   if (!target_feed_.stream->Write(targets)) {
     return absl::UnavailableError(absl::StrCat("lost the target feed to ", StageLabel(P_ - 1)));
@@ -250,9 +265,13 @@ void JobRunner::Impl::Handle(const FeedEvent& e) {
   } else if (e.kind == FeedEvent::kResult) {
     if (e.phase == v1::EVAL) {
       --eval_pending_;
-      eval_loss_ += e.result.loss() * e.result.count();
+      // Losses are means over predictions (examples or tokens).
+      const int64_t predictions =
+          e.result.predictions() > 0 ? e.result.predictions() : e.result.count();
+      eval_loss_ += e.result.loss() * predictions;
       eval_correct_ += e.result.correct();
       eval_count_ += e.result.count();
+      eval_predictions_ += predictions;
     } else {
       window_loss_ += e.result.loss();
       ++window_count_;
@@ -356,42 +375,136 @@ void JobRunner::Impl::PollStages() {
   }
 }
 
-absl::Status JobRunner::Impl::Run() {
+absl::StatusOr<std::vector<std::vector<double>>> JobRunner::Impl::Profile(const ModelPlan& plan) {
+  v1::ProfileRequest req;
+  *req.mutable_model() = plan.model;
+  req.set_torchscript(plan.torchscript);
+  for (int64_t dim : plan.input.shape) req.add_input_shape(dim);
+  req.set_token_input(plan.input.tokens);
+  req.set_vocab(plan.model.classes() > 0 ? plan.model.classes() : 256);
+  req.set_microbatch_size(spec_.schedule().microbatch_size());
+  req.set_repeats(3);
+  req.set_seed(spec_.train().seed());
+  // One worker at a time: workers that share a host would time each other.
+  std::vector<std::vector<double>> cost(P_);
+  for (int i = 0; i < P_; ++i) {
+    if (r_.cancel_->load()) return absl::CancelledError("cancelled by the user");
+    v1::ProfileResponse resp;
+    auto ctx = ContextWithDeadline(300);
+    grpc::Status st = stubs_[i]->ProfileUnits(ctx.get(), req, &resp);
+    if (!st.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("profiling on ", StageLabel(i), " failed: ", st.error_message()));
+    }
+    if (resp.forward_seconds_size() != static_cast<int>(plan.units.size()) ||
+        resp.backward_seconds_size() != resp.forward_seconds_size()) {
+      return absl::InternalError(absl::StrCat(StageLabel(i), " profiled ",
+                                              resp.forward_seconds_size(), " units of ",
+                                              plan.units.size()));
+    }
+    for (int u = 0; u < resp.forward_seconds_size(); ++u) {
+      cost[i].push_back(resp.forward_seconds(u) + resp.backward_seconds(u));
+    }
+    LogInfo(ForJob(r_.job_id_),
+            absl::StrCat("profiled ", plan.units.size(), " units on ", StageLabel(i)));
+  }
+  return cost;
+}
+
+absl::StatusOr<std::vector<StageRange>> JobRunner::Impl::Partition(const ModelPlan& plan) {
   const auto& sched = spec_.schedule();
-  const int N = sched.microbatches_per_step();
-  const int64_t mbs = sched.microbatch_size();
-  auto ranges = PartitionUniform(ModelUnitCount(spec_.model()), P_);
+  const std::string kind = sched.partition().empty() ? "uniform" : sched.partition();
+  const int units = static_cast<int>(plan.units.size());
+  std::vector<int64_t> params;
+  for (const auto& u : plan.units) params.push_back(u.parameters);
+  absl::StatusOr<std::vector<StageRange>> ranges;
+  std::vector<double> predicted;  // seconds per microbatch ("profile" only)
+  std::vector<double> by;         // the partition's own cost per stage
+  if (kind == "profile") {
+    auto cost = Profile(plan);
+    if (!cost.ok()) return cost.status();
+    ranges = PartitionByCost(*cost, P_);
+    if (ranges.ok()) predicted = by = StageCosts(*ranges, *cost);
+  } else if (kind == "parameters") {
+    ranges = PartitionByParameters(params, P_);
+  } else if (kind == "split") {
+    ranges = PartitionFromSplit({sched.split().begin(), sched.split().end()}, units, P_);
+  } else {
+    ranges = PartitionUniform(units, P_);
+  }
   if (!ranges.ok()) return ranges.status();
+  if (by.empty()) {
+    for (const auto& r : *ranges) {
+      int64_t p = 0;
+      for (int u = r.first_unit; u < r.first_unit + r.units; ++u) p += params[u];
+      // parameters: balance by parameters; uniform and split: by units.
+      by.push_back(kind == "parameters" ? static_cast<double>(p) : r.units);
+    }
+  }
+  const int bottleneck = Bottleneck(by);
+  std::string summary;
   r_.store_
       ->Update(r_.job_id_,
                [&](v1::JobStatus& s) {
+                 s.set_partition(kind);
+                 s.set_task(plan.input.tokens ? "language_model" : "classification");
                  s.clear_stages();
                  for (int i = 0; i < P_; ++i) {
+                   const StageRange& r = (*ranges)[i];
                    auto* st = s.add_stages();
                    st->set_index(i);
                    st->set_worker_id(r_.workers_[i].id());
                    st->set_worker_address(r_.workers_[i].address());
-                   st->set_first_unit((*ranges)[i].first_unit);
-                   st->set_units((*ranges)[i].units);
+                   st->set_first_unit(r.first_unit);
+                   st->set_units(r.units);
+                   int64_t p = 0;
+                   for (int u = r.first_unit; u < r.first_unit + r.units; ++u) p += params[u];
+                   st->set_parameters(p);
+                   if (!predicted.empty()) st->set_predicted_seconds(predicted[i]);
+                   st->set_bottleneck(i == bottleneck);
+                   absl::StrAppend(
+                       &summary, i ? ", " : "", "[", r.first_unit, ",", r.first_unit + r.units, ")",
+                       predicted.empty()
+                           ? ""
+                           : absl::StrCat(" ", std::round(predicted[i] * 1e4) / 10, " ms"));
                  }
                })
       .IgnoreError();
+  LogInfo(ForJob(r_.job_id_), absl::StrCat("partition ", kind, " of ", units, " units: ", summary,
+                                           "; bottleneck stage ", bottleneck));
+  return ranges;
+}
 
-  auto data = LoadDataset(spec_.data());
+absl::Status JobRunner::Impl::Run() {
+  const auto& sched = spec_.schedule();
+  const int N = sched.microbatches_per_step();
+  const int64_t mbs = sched.microbatch_size();
+  for (int i = 0; i < P_; ++i) {
+    stubs_.push_back(v1::StageWorker::NewStub(MakeChannel(r_.workers_[i].address())));
+  }
+  auto data = LoadData(spec_.data());
   if (!data.ok()) return absl::InvalidArgumentError(data.status().message());
   // Checked at submit; the files may have changed since.
-  if (auto st = CheckModelFitsData(spec_.model(), ResolveIdxFiles(spec_.data()), data->train.rows,
-                                   data->train.cols, data->classes);
-      !st.ok()) {
-    return st;
+  const auto& d = spec_.data();
+  if ((d.type() == "idx" || d.type() == "mnist") && spec_.model().type() == "mlp") {
+    auto idx = InspectIdx(d);
+    if (!idx.ok()) return idx.status();
+    if (auto st =
+            CheckModelFitsData(spec_.model(), idx->files, idx->rows, idx->cols, data->info.classes);
+        !st.ok()) {
+      return st;
+    }
   }
-  const ImageDataset* train = &data->train;
-  const ImageDataset* test = &data->test;
+  auto plan = PlanModel(spec_, data->info);
+  if (!plan.ok()) return absl::InvalidArgumentError(plan.status().message());
+  const bool lm = data->info.task == Task::kLanguageModel;
   LogInfo(ForJob(r_.job_id_),
-          absl::StrCat("data: ", train->count, " train and ", test->count, " test images of ",
-                       train->rows, "x", train->cols, ", ", data->classes,
-                       " classes, normalised with mean ", data->normalisation.mean, " std ",
-                       data->normalisation.std));
+          absl::StrCat("data: ", data->info.description,
+                       data->normalisation.empty() ? "" : "; normalised ", data->normalisation));
+  auto ranges = Partition(*plan);
+  if (!ranges.ok()) return ranges.status();
+  const Examples* train = &data->train;
+  const Examples* test = &data->test;
   steps_per_epoch_ = (train->count / mbs) / N;
   if (steps_per_epoch_ < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -399,8 +512,15 @@ absl::Status JobRunner::Impl::Run() {
         " microbatches of ", mbs, "; use more data or smaller schedule.microbatch_size"));
   }
   total_steps_ = steps_per_epoch_ * spec_.train().epochs();
-  auto assignments = ResolveStageAssignments(spec_, r_.job_id_, steps_per_epoch_);
+  v1::JobSpec resolved = spec_;
+  *resolved.mutable_model() = plan->model;
+  auto assignments = ResolveStageAssignments(resolved, r_.job_id_, steps_per_epoch_, &*ranges);
   if (!assignments.ok()) return assignments.status();
+  for (auto& a : *assignments) {
+    for (int64_t dim : plan->units[a.first_unit()].in.shape) a.add_input_shape(dim);
+    a.set_token_input(plan->units[a.first_unit()].in.tokens);
+    a.set_torchscript(plan->torchscript);
+  }
   // T3: synchronous for the first W steps (asynchronous schedules only).
   const int64_t warmup_steps = assignments->front().warmup_steps();
   // The schedule as data: refuse a plan that cannot run before any stage loads.
@@ -459,7 +579,7 @@ absl::Status JobRunner::Impl::Run() {
     if (!st.ok()) break;
     // Evaluate the whole test split with the epoch's final weights.
     eval_loss_ = 0;
-    eval_correct_ = eval_count_ = 0;
+    eval_correct_ = eval_count_ = eval_predictions_ = 0;
     for (int64_t b = 0; b < test->count && st.ok(); b += eval_mbs) {
       st = WaitUntil([&] { return eval_pending_ < P_ + 1; });
       if (st.ok()) {
@@ -470,8 +590,11 @@ absl::Status JobRunner::Impl::Run() {
     if (st.ok()) st = WaitUntil([&] { return eval_pending_ == 0; });
     if (!st.ok()) break;
     PollStages();
-    const double accuracy = eval_count_ ? static_cast<double>(eval_correct_) / eval_count_ : 0;
-    const double test_loss = eval_count_ ? eval_loss_ / eval_count_ : 0;
+    // Accuracy over predictions: examples, or next tokens for a language model.
+    const double accuracy =
+        eval_predictions_ ? static_cast<double>(eval_correct_) / eval_predictions_ : 0;
+    const double test_loss = eval_predictions_ ? eval_loss_ / eval_predictions_ : 0;
+    const double perplexity = lm ? std::exp(test_loss) : 0;
     const double epoch_train_loss = epoch_loss_count_ ? epoch_loss_ / epoch_loss_count_ : 0;
     const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
     r_.store_
@@ -485,11 +608,17 @@ absl::Status JobRunner::Impl::Run() {
                    e->set_seconds(seconds);
                    s.mutable_metrics()->set_test_accuracy(accuracy);
                    s.mutable_metrics()->set_test_loss(test_loss);
+                   if (lm) {
+                     e->set_test_perplexity(perplexity);
+                     s.mutable_metrics()->set_test_perplexity(perplexity);
+                   }
                  })
         .IgnoreError();
     LogInfo(ForJob(r_.job_id_),
             absl::StrCat("epoch ", epoch_, ": train loss ", epoch_train_loss, ", test loss ",
-                         test_loss, ", test accuracy ", accuracy, " (", seconds, " s)"));
+                         test_loss, lm ? ", test token accuracy " : ", test accuracy ", accuracy,
+                         lm ? absl::StrCat(", test perplexity ", perplexity) : "", " (", seconds,
+                         " s)"));
     if (!std::isfinite(epoch_train_loss)) {
       st =
           absl::AbortedError(absl::StrCat("training diverged in epoch ", epoch_,

@@ -655,15 +655,20 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(const v1::JobSpec& spec,
-                                                                         const std::string& job_id,
-                                                                         int64_t steps_per_epoch) {
+absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(
+    const v1::JobSpec& spec, const std::string& job_id, int64_t steps_per_epoch,
+    const std::vector<StageRange>* given) {
   if (steps_per_epoch < 1) {
     return absl::InvalidArgumentError("steps_per_epoch: must be >= 1");
   }
   const auto& sched = spec.schedule();
-  auto ranges = PartitionUniform(ModelUnitCount(spec.model()), sched.stages());
+  absl::StatusOr<std::vector<StageRange>> ranges =
+      given != nullptr ? *given : PartitionUniform(ModelUnitCount(spec.model()), sched.stages());
   if (!ranges.ok()) return ranges.status();
+  if (static_cast<int>(ranges->size()) != sched.stages()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: ", ranges->size(), " ranges for ", sched.stages(), " stages"));
+  }
   auto in_steps = [&](int64_t steps, double epochs) {
     return steps > 0 ? steps : static_cast<int64_t>(std::llround(epochs * steps_per_epoch));
   };

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pipeline/partition.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
@@ -33,12 +34,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& optimizer);
 
 // What each stage of a validated job is told, given the epoch length:
-// its units (uniform partition), the model, optimizer and schedule, and the
-// job's step counts resolved (total steps, T1's K and T3's W in steps;
-// gpipe has no warm-up). Stage i's downstream_address is left empty.
-absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(const v1::JobSpec& spec,
-                                                                         const std::string& job_id,
-                                                                         int64_t steps_per_epoch);
+// its units (`ranges`, or the uniform partition when null), the model,
+// optimizer and schedule, and the job's step counts resolved (total steps,
+// T1's K and T3's W in steps; gpipe has no warm-up). Stage i's
+// downstream_address is left empty.
+absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(
+    const v1::JobSpec& spec, const std::string& job_id, int64_t steps_per_epoch,
+    const std::vector<StageRange>* ranges = nullptr);
 
 // Number of pipeline units the model has: mlp layers - 1; resnet 3n + 2
 // (stem, blocks, head); transformer_lm depth + 2 (embedding, blocks, norm and

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pipeline/job_spec.h"
+#include "pipeline/partition.h"
 
 namespace pipemare {
 namespace {
@@ -603,6 +604,56 @@ absl::StatusOr<std::vector<UnitInfo>> ShapePass(const v1::ModelSpec& model, cons
   auto built = BuildUnits(model, 0, *total, 0, input, torchscript);
   if (!built.ok()) return built.status();
   return built->units;
+}
+
+absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& data) {
+  ModelPlan plan;
+  plan.model = spec.model();
+  const bool lm = data.task == Task::kLanguageModel;
+  const int64_t context = lm && !data.input_shape.empty() ? data.input_shape[0] : 0;
+  if (auto st = ResolveModel(plan.model, data.classes, context); !st.ok()) return st;
+  if (plan.model.type() == "torchscript") {
+    auto bytes = ReadTorchScript(plan.model.path());
+    if (!bytes.ok()) return bytes.status();
+    plan.torchscript = std::move(*bytes);
+  }
+  plan.input = TensorType{data.input_shape, data.token_input};
+  auto units = ShapePass(plan.model, plan.input, plan.torchscript);
+  if (!units.ok()) return units.status();
+  plan.units = std::move(*units);
+  const int total = static_cast<int>(plan.units.size());
+  const UnitInfo& last = plan.units.back();
+  const std::string last_label =
+      plan.model.type() == "sequential" ? absl::StrCat("model.units[", total - 1, "]")
+      : plan.model.type() == "mlp"      ? absl::StrCat("model.layers[", total, "]")
+                                        : absl::StrCat("unit ", total - 1, " (the last)");
+  if (lm) {
+    const bool ok = last.out.shape.size() == 2 && last.out.shape[0] == context &&
+                    last.out.shape[1] >= data.classes;
+    if (!ok) {
+      return Bad(last_label, absl::StrCat("gives ", ShapeString(last.out),
+                                          " but a language model on this data must give "
+                                          "logits [B, ",
+                                          context, ", ", data.classes, "] (context x vocabulary)"));
+    }
+  } else {
+    const bool ok = last.out.shape.size() == 1 && last.out.shape[0] >= data.classes;
+    if (!ok) {
+      return Bad(last_label,
+                 absl::StrCat("gives ", ShapeString(last.out), " but the data has ", data.classes,
+                              " classes: the model must end in logits [B, ", data.classes, "]"));
+    }
+  }
+  const auto& s = spec.schedule();
+  if (s.stages() > total) {
+    return Bad("schedule.stages", absl::StrCat(s.stages(), " stages but the model has only ", total,
+                                               " units; use at most ", total));
+  }
+  if (s.partition() == "split") {
+    std::vector<int> split(s.split().begin(), s.split().end());
+    if (auto r = PartitionFromSplit(split, total, s.stages()); !r.ok()) return r.status();
+  }
+  return plan;
 }
 
 absl::StatusOr<UnitCosts> ProfileUnits(const v1::ModelSpec& model, const std::string& torchscript,

@@ -17,23 +17,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "pipeline/model_plan.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
-
-// What flows into or out of a unit, per example: its shape (without the
-// batch dimension) and whether it holds INT64 token ids instead of floats.
-struct TensorType {
-  std::vector<int64_t> shape;
-  bool tokens = false;
-};
-std::string ShapeString(const TensorType& t);  // e.g. "[B, 1, 28, 28]", "[B, 64] tokens"
-
-struct UnitInfo {
-  std::string name;  // e.g. "conv2d", "residual", "transformer_block", "Linear"
-  TensorType in, out;
-  int64_t parameters = 0;
-};
 
 struct BuiltUnits {
   torch::nn::Sequential module;  // one child per unit

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "pipeline/model.h"
 
 namespace pipemare {
 
@@ -49,6 +50,53 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
                             ": units [", request->first_unit(), ", ",
                             request->first_unit() + request->units(), "), ", stats.parameters,
                             " parameters, schedule ", request->schedule().type()));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::ProfileUnits(grpc::ServerContext*, const v1::ProfileRequest* request,
+                                         v1::ProfileResponse* response) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (host_ && !host_->failed()) {
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("worker is busy with job ", host_->job_id(), "; profile idle workers only"));
+    }
+  }
+  auto bad = [](const std::string& what) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, what);
+  };
+  if (request->microbatch_size() < 1 || request->microbatch_size() > 65536) {
+    return bad("microbatch_size: must be in 1..65536");
+  }
+  if (request->repeats() < 0 || request->repeats() > 100) return bad("repeats: must be in 0..100");
+  if (request->input_shape_size() < 1 || request->input_shape_size() > 8) {
+    return bad("input_shape: 1..8 dimensions per example");
+  }
+  int64_t elements = request->microbatch_size();
+  for (int64_t d : request->input_shape()) {
+    if (d < 1 || d > (int64_t{1} << 24)) return bad("input_shape: each dimension in 1..16777216");
+    elements *= d;
+    if (elements > (int64_t{1} << 31)) return bad("input_shape: the microbatch is too large");
+  }
+  if (request->token_input() && request->vocab() < 1) return bad("vocab: >= 1 for token input");
+  std::lock_guard<std::mutex> profiling(profile_mu_);
+  at::init_num_threads();  // OpenMP's thread count is per thread (see StageHost)
+  const TensorType input{{request->input_shape().begin(), request->input_shape().end()},
+                         request->token_input()};
+  auto costs = ::pipemare::ProfileUnits(
+      request->model(), request->torchscript(), input, request->vocab(), request->microbatch_size(),
+      request->repeats() ? request->repeats() : 3, request->seed(), device_);
+  if (!costs.ok()) return ToGrpc(costs.status());
+  for (size_t u = 0; u < costs->parameters.size(); ++u) {
+    // The virtual device's compute is its configured wait per unit.
+    response->add_forward_seconds(virtual_device_.enabled ? virtual_device_.forward_seconds_per_unit
+                                                          : costs->forward_seconds[u]);
+    response->add_backward_seconds(virtual_device_.enabled
+                                       ? virtual_device_.backward_seconds_per_unit
+                                       : costs->backward_seconds[u]);
+    response->add_parameters(costs->parameters[u]);
+  }
   return grpc::Status::OK;
 }
 

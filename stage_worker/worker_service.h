@@ -30,6 +30,10 @@ class WorkerService final : public v1::StageWorker::Service {
                               v1::StageStatusResponse* response) override;
   grpc::Status ReleaseStage(grpc::ServerContext* context, const v1::ReleaseStageRequest* request,
                             v1::ReleaseStageResponse* response) override;
+  // Times every unit of a model on this worker's device (partition
+  // "profile"). Idle workers only; one profile at a time.
+  grpc::Status ProfileUnits(grpc::ServerContext* context, const v1::ProfileRequest* request,
+                            v1::ProfileResponse* response) override;
 
   // Drops the current stage, whatever its job (coordinator lost, shutdown).
   void ReleaseAll(const std::string& why);
@@ -46,6 +50,7 @@ class WorkerService final : public v1::StageWorker::Service {
   const VirtualDevice virtual_device_;
   std::mutex mu_;
   std::shared_ptr<StageHost> host_;  // GUARDED_BY(mu_)
+  std::mutex profile_mu_;            // one ProfileUnits at a time
 };
 
 }  // namespace pipemare

@@ -237,7 +237,7 @@ TEST(EndToEnd, PipeMareTrainsOnFashionMnistFromDebiansGzippedIdxFiles) {
   EXPECT_EQ(job.progress().total_steps(), 6400 / 32);
   // Sizes and classes read from the files; the train split's own statistics.
   EXPECT_TRUE(absl::StrContains(cluster.coordinator().Log(),
-                                "data: 6400 train and 2000 test images of 28x28, 10 classes"))
+                                "data: idx: 6400 train, 2000 test 1x28x28 images, 10 classes"))
       << cluster.coordinator().Log();
   EXPECT_GE(job.metrics().test_accuracy(), 0.6) << "a real model learns Fashion-MNIST";
   std::printf("Fashion-MNIST test accuracy: %.4f\n", job.metrics().test_accuracy());
