@@ -405,8 +405,10 @@ absl::StatusOr<std::vector<std::vector<double>>> JobRunner::Impl::Profile(const 
     for (int u = 0; u < resp.forward_seconds_size(); ++u) {
       cost[i].push_back(resp.forward_seconds(u) + resp.backward_seconds(u));
     }
-    LogInfo(ForJob(r_.job_id_),
-            absl::StrCat("profiled ", plan.units.size(), " units on ", StageLabel(i)));
+    std::string ms;
+    for (double c : cost[i]) absl::StrAppend(&ms, ms.empty() ? "" : " ", std::round(c * 1e5) / 100);
+    LogInfo(ForJob(r_.job_id_), absl::StrCat("profiled ", plan.units.size(), " units on ",
+                                             StageLabel(i), ": forward + backward ms [", ms, "]"));
   }
   return cost;
 }

@@ -371,5 +371,67 @@ TEST(ProfileUnitsTest, TimesEveryUnitAndSeesTheHeavyOne) {
             costs->forward_seconds[0] + costs->backward_seconds[0]);
 }
 
+// ---------------------------------------------------------------------------
+// PlanModel: the model against its data
+
+v1::JobSpec Job(const std::string& model_yaml, int stages) {
+  auto spec = ParseJobSpec(absl::StrCat("name: t\nmodel: ", model_yaml,
+                                        "\nschedule: {type: pipemare, stages: ", stages, "}"));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : v1::JobSpec();
+}
+
+DataInfo Images(int64_t classes) {
+  DataInfo d;
+  d.input_shape = {1, 28, 28};
+  d.classes = classes;
+  return d;
+}
+
+DataInfo Text(int64_t context) {
+  DataInfo d;
+  d.task = Task::kLanguageModel;
+  d.input_shape = {context};
+  d.token_input = true;
+  d.classes = 256;
+  return d;
+}
+
+TEST(PlanModelTest, ResolvesTheZooFromTheData) {
+  auto plan = PlanModel(Job("{type: resnet}", 4), Images(10));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->model.classes(), 10);
+  EXPECT_EQ(plan->units.size(), 11u);
+  EXPECT_EQ(plan->units.back().out.shape, std::vector<int64_t>{10});
+  auto lm = PlanModel(Job("{type: transformer_lm, width: 32}", 4), Text(16));
+  ASSERT_TRUE(lm.ok()) << lm.status();
+  EXPECT_EQ(lm->model.context(), 16);
+  EXPECT_TRUE(lm->input.tokens);
+  EXPECT_EQ(lm->units.back().out.shape, (std::vector<int64_t>{16, 256}));
+}
+
+TEST(PlanModelTest, RefusesAModelThatDoesNotEndInTheTasksLogits) {
+  EXPECT_THAT(
+      PlanModel(Job("{type: sequential, units: [{type: flatten}, {type: linear, out: 5}]}", 1),
+                Images(10))
+          .status()
+          .message(),
+      HasSubstr("model.units[1]: gives [B, 5] but the data has 10 classes"));
+  EXPECT_THAT(PlanModel(Job("{type: sequential, units: [{type: embedding, vocab: 256, dim: 8}, "
+                            "{type: flatten}, {type: linear, out: 256}]}",
+                            1),
+                        Text(16))
+                  .status()
+                  .message(),
+              HasSubstr("a language model on this data must give logits [B, 16, 256]"));
+  EXPECT_THAT(PlanModel(Job("{type: resnet}", 12), Images(10)).status().message(),
+              HasSubstr("schedule.stages: 12 stages but the model has only 11 units"));
+  v1::JobSpec split = Job("{type: resnet}", 3);
+  split.mutable_schedule()->set_partition("split");
+  split.mutable_schedule()->add_split(4);
+  split.mutable_schedule()->add_split(11);
+  EXPECT_THAT(PlanModel(split, Images(10)).status().message(), HasSubstr("schedule.split[1]"));
+}
+
 }  // namespace
 }  // namespace pipemare
