@@ -4,7 +4,8 @@
 # removed with every process on exit) and $worker_pids. Needs $bin.
 # WORKER_FLAGS: more pipemare-worker flags (e.g. --virtual-device 4,8).
 # WORKER_CPUS: CPU ids to pin workers to, round robin (e.g. "0 1").
-# Also defines ctl (pipemarectl on this cluster), run_job and mlp_layers.
+# Also defines ctl (pipemarectl on this cluster), run_job, mlp_layers and
+# stage_compute_metrics.
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 "$bin/pipemare-coordinator" --listen 127.0.0.1:0 --address-file "$work/addr" \
@@ -56,4 +57,18 @@ mlp_layers() {
   local s="784"
   for _ in $(seq $(($1 - 1))); do s="$s, $2"; done
   echo "[$s, 10]"
+}
+
+# stage_compute_metrics JOB_ID FILE: every worker's forward and backward
+# seconds histograms (_sum and _count lines) for the job, into FILE.
+stage_compute_metrics() {
+  : >"$2"
+  for target in $(ctl workers --output json | python3 -c '
+import json, sys
+for w in json.load(sys.stdin).get("workers", []):
+    if w.get("metrics_address"): print(w["metrics_address"])'); do
+    curl -s "http://$target/metrics" |
+      grep -E "^pipemare_stage_(forward|backward)_seconds_(sum|count)\{.*job_id=\"$1\"" \
+        >>"$2" || true
+  done
 }

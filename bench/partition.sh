@@ -34,15 +34,7 @@ schedule: {type: $SCHEDULE, stages: 2, microbatch_size: $MICROBATCH, partition: 
 train: {epochs: 1, seed: 1}
 SPEC
   id=$(run_job "$work/$partition.yaml" "$work/$partition.json")
-  : >"$work/$partition.metrics"
-  for target in $(ctl workers --output json | python3 -c '
-import json, sys
-for w in json.load(sys.stdin).get("workers", []):
-    if w.get("metrics_address"): print(w["metrics_address"])'); do
-    curl -s "http://$target/metrics" |
-      grep -E "^pipemare_stage_(forward|backward)_seconds_(sum|count)\{.*job_id=\"$id\"" \
-        >>"$work/$partition.metrics" || true
-  done
+  stage_compute_metrics "$id" "$work/$partition.metrics"
 done
 python3 - "$work" <<'PY'
 import json, re, sys

@@ -65,15 +65,7 @@ schedule: {type: $schedule, stages: $p, microbatch_size: $MICROBATCH, microbatch
 train: {epochs: 1, seed: 1, shuffle: false}
 SPEC
       id=$(run_job "$work/spec.yaml" "$work/status.json")
-      : >"$work/metrics.txt"
-      for target in $(ctl workers --output json | python3 -c '
-import json, sys
-for w in json.load(sys.stdin).get("workers", []):
-    if w.get("metrics_address"): print(w["metrics_address"])'); do
-        curl -s "http://$target/metrics" |
-          grep -E "^pipemare_stage_(forward|backward)_seconds_(sum|count)\{.*job_id=\"$id\"" \
-            >>"$work/metrics.txt" || true
-      done
+      stage_compute_metrics "$id" "$work/metrics.txt"
       python3 - "$work/status.json" "$work/metrics.txt" "$out/$name.json" \
         "$p" "$n" "$schedule" "$microbatches" "$MICROBATCH" "$VIRTUAL" "$FWD_MS" "$BWD_MS" <<'PY'
 import json, re, sys
