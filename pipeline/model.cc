@@ -209,6 +209,42 @@ const char* const kLayerTypes =
 absl::StatusOr<torch::nn::AnyModule> BuildLayer(const v1::UnitSpec& u, const TensorType& in,
                                                 const std::string& field);
 
+// The most parameters one unit may hold (4 GiB of float32). Checked by
+// arithmetic before a unit is built, so that no spec makes the shape pass
+// (in the coordinator) or a worker allocate more and be killed for it.
+constexpr double kMaxUnitParameters = double(int64_t{1} << 30);
+
+absl::Status CheckSize(double parameters, const std::string& label) {
+  if (parameters <= kMaxUnitParameters) return absl::OkStatus();
+  return Bad(label, absl::StrCat("would hold ", static_cast<int64_t>(parameters),
+                                 " parameters; a unit may hold at most ",
+                                 static_cast<int64_t>(kMaxUnitParameters),
+                                 " (4 GiB of float32): make it smaller or split it into units"));
+}
+
+// Parameters layer `u` will hold on input `in` (a residual's body is checked
+// layer by layer as it is built).
+double LayerParameters(const v1::UnitSpec& u, const TensorType& in) {
+  const double last = in.shape.empty() ? 0 : static_cast<double>(in.shape.back());
+  const double channels = in.shape.size() == 3 ? static_cast<double>(in.shape[0]) : 0;
+  const double out = static_cast<double>(u.out());
+  const std::string& t = u.type();
+  if (t == "linear") return last * out + out;
+  if (t == "conv2d") {
+    const double k = u.kernel() ? static_cast<double>(u.kernel()) : 3;
+    return channels * out * k * k + out;
+  }
+  if (t == "batchnorm2d") return 2 * channels;
+  if (t == "layernorm") return 2 * last;
+  if (t == "embedding") return (double(u.vocab()) + double(u.context())) * double(u.dim());
+  if (t == "transformer_block") {
+    const double d = u.dim() ? static_cast<double>(u.dim()) : last;
+    const double h = u.hidden() ? static_cast<double>(u.hidden()) : 4 * d;
+    return 4 * d * d + 2 * d * h + 9 * d + h;
+  }
+  return 0;
+}
+
 // The layers `body` as one Sequential, checking each against its input.
 absl::StatusOr<std::pair<torch::nn::Sequential, TensorType>> BuildChain(
     const google::protobuf::RepeatedPtrField<v1::UnitSpec>& body, TensorType in,
@@ -232,6 +268,7 @@ absl::StatusOr<torch::nn::AnyModule> BuildLayer(const v1::UnitSpec& u, const Ten
   const std::string& t = u.type();
   const std::string label = absl::StrCat(field, " (", t, ")");
   const bool bias = u.has_bias() ? u.bias() : true;
+  if (auto st = CheckSize(LayerParameters(u, in), label); !st.ok()) return st;
   auto positive = [&](const char* name, int64_t v) -> absl::Status {
     if (v >= 1) return absl::OkStatus();
     return Bad(absl::StrCat(field, ".", name),
@@ -375,11 +412,30 @@ torch::nn::Conv2d Conv3x3(int64_t in, int64_t out, int64_t stride) {
       torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false));
 }
 
+// Parameters unit u of a zoo model will hold (upper bounds), before it is built.
+double ZooUnitParameters(const v1::ModelSpec& m, int u, int total, const TensorType& in) {
+  const double first = in.shape.empty() ? 0 : static_cast<double>(in.shape[0]);
+  if (m.type() == "mlp") return double(m.layers(u)) * double(m.layers(u + 1)) + m.layers(u + 1);
+  const double classes = static_cast<double>(m.classes());
+  const double w = m.width();
+  if (m.type() == "resnet") {
+    if (u == 0) return first * w * 9 + 2 * w;
+    if (u == total - 1) return first * classes + classes;
+    const int n = (m.depth() - 2) / 6;
+    const double out = w * double(int64_t{1} << std::min(((u - 1) / n), 40));
+    return 2 * 9 * out * out + first * out + 6 * out;
+  }
+  if (u == 0) return (classes + m.context()) * w;
+  if (u == total - 1) return w * classes + classes + 2 * w;
+  return 12 * w * w + 13 * w;
+}
+
 // The layers of unit u of a zoo model, given the unit's input.
 absl::StatusOr<torch::nn::Sequential> ZooUnit(const v1::ModelSpec& m, int u, int total,
                                               const TensorType& in, const std::string& label) {
   namespace nn = torch::nn;
   nn::Sequential seq;
+  if (auto st = CheckSize(ZooUnitParameters(m, u, total, in), label); !st.ok()) return st;
   if (m.type() == "mlp") {
     const int64_t features = Numel(in.shape);
     if (in.tokens || features != m.layers(u)) {
@@ -601,9 +657,16 @@ absl::StatusOr<std::vector<UnitInfo>> ShapePass(const v1::ModelSpec& model, cons
   auto total = CountUnits(model, torchscript);
   if (!total.ok()) return total.status();
   if (*total < 1) return Bad("model", "has no units");
-  auto built = BuildUnits(model, 0, *total, 0, input, torchscript);
-  if (!built.ok()) return built.status();
-  return built->units;
+  // One unit at a time: the coordinator holds at most one unit's weights.
+  std::vector<UnitInfo> units;
+  TensorType in = input;
+  for (int u = 0; u < *total; ++u) {
+    auto built = BuildUnits(model, u, 1, 0, in, torchscript);
+    if (!built.ok()) return built.status();
+    units.push_back(built->units[0]);
+    in = units.back().out;
+  }
+  return units;
 }
 
 absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& data) {
@@ -663,12 +726,9 @@ absl::StatusOr<UnitCosts> ProfileUnits(const v1::ModelSpec& model, const std::st
   if (repeats < 1) repeats = 3;
   auto total = CountUnits(model, torchscript);
   if (!total.ok()) return total.status();
-  auto built = BuildUnits(model, 0, *total, seed, input, torchscript);
-  if (!built.ok()) return built.status();
   UnitCosts costs;
+  TensorType in = input;
   try {
-    built->module->to(device);
-    built->module->train();
     std::vector<int64_t> shape = {microbatch_size};
     shape.insert(shape.end(), input.shape.begin(), input.shape.end());
     torch::manual_seed(static_cast<uint64_t>(seed));
@@ -684,8 +744,13 @@ absl::StatusOr<UnitCosts> ProfileUnits(const v1::ModelSpec& model, const std::st
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    for (size_t u = 0; u < built->module->size(); ++u) {
-      torch::nn::AnyModule& any = *std::next(built->module->begin(), u);
+    // One unit at a time: the worker holds at most one unit's weights.
+    for (int u = 0; u < *total; ++u) {
+      auto built = BuildUnits(model, u, 1, seed, in, torchscript);
+      if (!built.ok()) return built.status();
+      built->module->to(device);
+      built->module->train();
+      torch::nn::AnyModule& any = *built->module->begin();
       std::vector<double> fwd, bwd;
       torch::Tensor out;
       for (int r = 0; r <= repeats; ++r) {  // run 0 warms up
@@ -707,7 +772,8 @@ absl::StatusOr<UnitCosts> ProfileUnits(const v1::ModelSpec& model, const std::st
       }
       costs.forward_seconds.push_back(median(fwd));
       costs.backward_seconds.push_back(median(bwd));
-      costs.parameters.push_back(built->units[u].parameters);
+      costs.parameters.push_back(built->units[0].parameters);
+      in = built->units[0].out;
       x = out.detach();
     }
   } catch (const std::exception& e) {

@@ -433,5 +433,25 @@ TEST(PlanModelTest, RefusesAModelThatDoesNotEndInTheTasksLogits) {
   EXPECT_THAT(PlanModel(split, Images(10)).status().message(), HasSubstr("schedule.split[1]"));
 }
 
+TEST(SequentialTest, AUnitTooLargeToAllocateIsRefusedBeforeItIsBuilt) {
+  // 784 x 16M: building it would take 50 GB.
+  EXPECT_THAT(
+      ShapePass(
+          FromYaml("{type: sequential, units: [{type: flatten}, {type: linear, out: 16000000}, "
+                   "{type: relu}]}"),
+          kImage)
+          .status()
+          .message(),
+      HasSubstr("model.units[1] (linear): would hold 12560000000 parameters; a unit may hold "
+                "at most 1073741824"));
+  v1::ModelSpec wide;
+  wide.set_type("transformer_lm");
+  wide.set_width(65536);
+  wide.set_heads(4);
+  ASSERT_TRUE(ResolveModel(wide, 256, 8).ok());
+  EXPECT_THAT(ShapePass(wide, TensorType{{8}, true}).status().message(),
+              HasSubstr("unit 1 (transformer_lm block): would hold"));
+}
+
 }  // namespace
 }  // namespace pipemare

@@ -245,6 +245,11 @@ TEST(Models, BadModelsAndDataAreRefusedAtSubmitNamingTheUnitOrFile) {
        "model: {type: sequential, units: [{type: flatten}, {type: conv2d, out: 4}]}\n" + mnist +
            "schedule: {type: pipemare, stages: 1}\n",
        {"model.units[1] (conv2d)", "expects [B, C, H, W]", "[B, 784]"}},
+      {"a unit too large to allocate",
+       "model: {type: sequential, units: [{type: flatten}, {type: linear, out: 16000000}, "
+       "{type: linear, out: 10}]}\n" +
+           mnist + "schedule: {type: pipemare, stages: 1}\n",
+       {"model.units[1] (linear)", "would hold 12560000000 parameters"}},
       {"wrong number of classes",
        "model: {type: sequential, units: [{type: flatten}, {type: linear, out: 5}]}\n" + mnist +
            "schedule: {type: pipemare, stages: 1}\n",
