@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -553,8 +554,22 @@ std::string ShapeString(const TensorType& t) {
 }
 
 absl::StatusOr<std::string> ReadTorchScript(const std::string& path) {
+  // The file travels to every worker inside its stage assignment, an RPC of
+  // at most 256 MiB (common/rpc.h).
+  constexpr uintmax_t kMaxBytes = 192u << 20;
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxBytes) {
+    return Bad("model.path",
+               absl::StrCat("'", path, "' is ", size,
+                            " bytes; a TorchScript model may "
+                            "be at most ",
+                            kMaxBytes, " (it is sent to every worker): use a smaller model"));
+  }
   std::ifstream f(path, std::ios::binary);
-  if (!f) return Bad("model.path", absl::StrCat("cannot open '", path, "'"));
+  if (!f || std::filesystem::is_directory(path, ec)) {
+    return Bad("model.path", absl::StrCat("cannot open '", path, "'"));
+  }
   std::stringstream bytes;
   bytes << f.rdbuf();
   std::string s = bytes.str();
