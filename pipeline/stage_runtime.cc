@@ -85,6 +85,14 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
   if (a.schedule().microbatches_per_step() < 1) {
     return Bad("schedule.microbatches_per_step", "must be >= 1");
   }
+  if (a.input_shape_size() > 8) return Bad("input_shape", "at most 8 dimensions per example");
+  int64_t elements = 1;
+  for (int64_t d : a.input_shape()) {
+    elements *= std::max<int64_t>(d, 1);
+    if (d < 1 || d > (int64_t{1} << 24) || elements > (int64_t{1} << 31)) {
+      return Bad("input_shape", "each dimension in 1..16777216, at most 2^31 elements per example");
+    }
+  }
   torch::nn::Sequential module;
   absl::Status built = Guard("building the stage", [&] {
     TensorType input{{a.input_shape().begin(), a.input_shape().end()}, a.token_input()};

@@ -1138,5 +1138,12 @@ TEST(StageRuntimeModelTest, LanguageModelLossIsPerTokenAndCountsTokens) {
   EXPECT_THAT(bad.status().message(), HasSubstr("do not match the model's output"));
 }
 
+TEST(StageRuntimeModelTest, CreateRefusesAnInputShapeOutOfRange) {
+  v1::StageAssignment a = SequentialStage({Layer("flatten"), Layer("linear", 2)}, {2, -3});
+  EXPECT_THAT(StageRuntime::Create(a).status().message(), HasSubstr("input_shape"));
+  a = SequentialStage({Layer("flatten"), Layer("linear", 2)}, {1 << 20, 1 << 20});
+  EXPECT_THAT(StageRuntime::Create(a).status().message(), HasSubstr("input_shape"));
+}
+
 }  // namespace
 }  // namespace pipemare
