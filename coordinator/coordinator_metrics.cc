@@ -83,6 +83,15 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
   MetricFamily eval_accuracy =
       Family("pipemare_job_eval_accuracy",
              "Held-out accuracy (ratio 0..1) after the last finished epoch", MetricType::Gauge);
+  MetricFamily perplexity =
+      Family("pipemare_job_eval_perplexity",
+             "Language models: held-out perplexity, exp(eval loss), after the last finished epoch",
+             MetricType::Gauge);
+  MetricFamily predicted =
+      Family("pipemare_stage_predicted_seconds",
+             "The profile partition's predicted forward + backward seconds per microbatch of "
+             "each stage; bottleneck=\"true\" on the slowest",
+             MetricType::Gauge);
   int others = 0;
   for (const auto& j : jobs) {
     const bool live = j.state() == v1::PENDING || j.state() == v1::RUNNING;
@@ -92,8 +101,18 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
         {{"job_id", j.id()},
          {"name", j.name()},
          {"schedule", j.schedule()},
-         {"state", v1::JobState_Name(j.state())}},
+         {"state", v1::JobState_Name(j.state())},
+         {"task", j.task()},
+         {"partition", j.partition()}},
         1);
+    for (const auto& s : j.stages()) {
+      if (s.predicted_seconds() <= 0) continue;
+      Add(predicted,
+          {{"job_id", j.id()},
+           {"stage", std::to_string(s.index())},
+           {"bottleneck", s.bottleneck() ? "true" : "false"}},
+          s.predicted_seconds());
+    }
     Add(step, id, static_cast<double>(j.progress().step()));
     Add(total, id, static_cast<double>(j.progress().total_steps()));
     Add(epoch, id, j.progress().epoch());
@@ -102,10 +121,13 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
     if (!j.epochs().empty()) {
       Add(eval_loss, id, j.metrics().test_loss());
       Add(eval_accuracy, id, j.metrics().test_accuracy());
+      if (j.metrics().test_perplexity() > 0) {
+        Add(perplexity, id, j.metrics().test_perplexity());
+      }
     }
   }
-  return {by_state, workers_by_state, misses,    info,         step, total, epoch,
-          rate,     train_loss,       eval_loss, eval_accuracy};
+  return {by_state, workers_by_state, misses,    info,          step,       total,    epoch,
+          rate,     train_loss,       eval_loss, eval_accuracy, perplexity, predicted};
 }
 
 }  // namespace pipemare

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "tests/cluster.h"
+#include "tests/process.h"
 
 namespace pipemare::testing {
 namespace {
@@ -96,6 +97,10 @@ train: {epochs: 2, seed: 1}
   EXPECT_GT(ppl, 1);
   auto status = cluster.Ctl({"status", "job-1"});
   EXPECT_TRUE(absl::StrContains(status.out, "perplexity")) << status.out;
+  const std::string metrics = HttpGet("http://" + cluster.metrics_address() + "/metrics");
+  EXPECT_TRUE(absl::StrContains(metrics, "pipemare_job_eval_perplexity{job_id=\"job-1\"}"))
+      << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "task=\"language_model\"")) << metrics;
 }
 
 // A TorchScript nn.Sequential (flatten, linear, relu, linear) written from C++.
@@ -209,6 +214,11 @@ train: {epochs: 4, seed: 1}
   EXPECT_TRUE(absl::StrContains(status.out, "profile")) << status.out;
   EXPECT_TRUE(absl::StrContains(cluster.coordinator().Log(), "partition profile of 9 units"))
       << cluster.coordinator().Log();
+  // Prometheus sees the prediction too, bottleneck marked.
+  const std::string metrics = HttpGet("http://" + cluster.metrics_address() + "/metrics");
+  EXPECT_TRUE(absl::StrContains(metrics, "pipemare_stage_predicted_seconds{")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "bottleneck=\"true\"")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "partition=\"profile\"")) << metrics;
 }
 
 TEST(Models, BadModelsAndDataAreRefusedAtSubmitNamingTheUnitOrFile) {
