@@ -4,8 +4,8 @@
 # removed with every process on exit) and $worker_pids. Needs $bin.
 # WORKER_FLAGS: more pipemare-worker flags (e.g. --virtual-device 4,8).
 # WORKER_CPUS: CPU ids to pin workers to, round robin (e.g. "0 1").
-# Also defines ctl (pipemarectl on this cluster), run_job, mlp_layers and
-# stage_compute_metrics.
+# Also defines ctl (pipemarectl on this cluster), run_job, mlp_layers,
+# stage_metrics and stage_compute_metrics.
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 "$bin/pipemare-coordinator" --listen 127.0.0.1:0 --address-file "$work/addr" \
@@ -59,16 +59,20 @@ mlp_layers() {
   echo "[$s, 10]"
 }
 
-# stage_compute_metrics JOB_ID FILE: every worker's forward and backward
-# seconds histograms (_sum and _count lines) for the job, into FILE.
-stage_compute_metrics() {
-  : >"$2"
+# stage_metrics JOB_ID NAMES FILE: every worker's samples of the metrics whose
+# names match the regular expression NAMES, for the job, into FILE.
+stage_metrics() {
+  : >"$3"
   for target in $(ctl workers --output json | python3 -c '
 import json, sys
 for w in json.load(sys.stdin).get("workers", []):
     if w.get("metrics_address"): print(w["metrics_address"])'); do
-    curl -s "http://$target/metrics" |
-      grep -E "^pipemare_stage_(forward|backward)_seconds_(sum|count)\{.*job_id=\"$1\"" \
-        >>"$2" || true
+    curl -s "http://$target/metrics" | grep -E "^($2)\{.*job_id=\"$1\"" >>"$3" || true
   done
+}
+
+# stage_compute_metrics JOB_ID FILE: the forward and backward seconds
+# histograms' _sum and _count lines.
+stage_compute_metrics() {
+  stage_metrics "$1" "pipemare_stage_(forward|backward)_seconds_(sum|count)" "$2"
 }

@@ -84,15 +84,7 @@ PY
         done
         cp "$work/status.json" "$out/$name.status.json"
         # Each stage's busy and idle seconds, from the workers that ran it.
-        : >"$out/$name.metrics"
-        for target in $(ctl workers --output json | python3 -c '
-import json, sys
-for w in json.load(sys.stdin).get("workers", []):
-    if w.get("metrics_address"): print(w["metrics_address"])'); do
-          curl -s "http://$target/metrics" |
-            grep -E "^pipemare_stage_(busy|idle)_seconds_total\{job_id=\"$id\"" \
-              >>"$out/$name.metrics" || true
-        done
+        stage_metrics "$id" "pipemare_stage_(busy|idle)_seconds_total" "$out/$name.metrics"
         echo "$name: $state" >&2
       done
     done
