@@ -240,6 +240,32 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (!spec.train().has_shuffle()) spec.mutable_train()->set_shuffle(true);
 }
 
+const std::vector<std::string>& ModelTypes() {
+  static const std::vector<std::string> kTypes = {"mlp", "resnet", "transformer_lm", "sequential",
+                                                  "torchscript"};
+  return kTypes;
+}
+
+const std::vector<std::string>& LayerTypes() {
+  static const std::vector<std::string> kTypes = {"linear",
+                                                  "conv2d",
+                                                  "batchnorm2d",
+                                                  "layernorm",
+                                                  "relu",
+                                                  "gelu",
+                                                  "tanh",
+                                                  "sigmoid",
+                                                  "maxpool2d",
+                                                  "avgpool2d",
+                                                  "adaptive_avgpool2d",
+                                                  "flatten",
+                                                  "dropout",
+                                                  "embedding",
+                                                  "residual",
+                                                  "transformer_block"};
+  return kTypes;
+}
+
 int ModelUnitCount(const v1::ModelSpec& model) {
   if (model.type() == "mlp") return std::max(0, model.layers_size() - 1);
   if (model.type() == "resnet") {  // stem, 3n blocks, head
@@ -255,35 +281,18 @@ int ModelUnitCount(const v1::ModelSpec& model) {
 
 namespace {
 
-const char* const kLayerTypes[] = {"linear",
-                                   "conv2d",
-                                   "batchnorm2d",
-                                   "layernorm",
-                                   "relu",
-                                   "gelu",
-                                   "tanh",
-                                   "sigmoid",
-                                   "maxpool2d",
-                                   "avgpool2d",
-                                   "adaptive_avgpool2d",
-                                   "flatten",
-                                   "dropout",
-                                   "embedding",
-                                   "residual",
-                                   "transformer_block"};
-
 absl::Status ValidateUnits(const pb::RepeatedPtrField<v1::UnitSpec>& units,
                            const std::string& field) {
   for (int i = 0; i < units.size(); ++i) {
     const v1::UnitSpec& u = units[i];
     const std::string f = absl::StrCat(field, "[", i, "]");
-    if (std::find(std::begin(kLayerTypes), std::end(kLayerTypes), u.type()) ==
-        std::end(kLayerTypes)) {
+    const auto& types = LayerTypes();
+    if (std::find(types.begin(), types.end(), u.type()) == types.end()) {
       return Bad(
           absl::StrCat(f, ".type"),
           absl::StrCat(
               u.type().empty() ? "required" : absl::StrCat("'", u.type(), "' is not a layer type"),
-              "; allowed: ", absl::StrJoin(kLayerTypes, ", ")));
+              "; allowed: ", absl::StrJoin(types, ", ")));
     }
     if (u.type() != "residual" && u.body_size() > 0) {
       return Bad(absl::StrCat(f, ".body"), "only a residual unit has a body");
@@ -317,11 +326,7 @@ absl::Status ValidateUnits(const pb::RepeatedPtrField<v1::UnitSpec>& units,
 }
 
 absl::Status ValidateModelSpec(const v1::ModelSpec& m) {
-  if (auto st = OneOf("model.type", m.type(),
-                      {"mlp", "resnet", "transformer_lm", "sequential", "torchscript"});
-      !st.ok()) {
-    return st;
-  }
+  if (auto st = OneOf("model.type", m.type(), ModelTypes()); !st.ok()) return st;
   if (m.type() != "mlp" && m.layers_size() > 0) {
     return Bad("model.layers",
                absl::StrCat("applies to model.type mlp only; ", m.type(),

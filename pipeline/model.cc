@@ -203,10 +203,6 @@ absl::Status ExpectIn(const std::string& label, int64_t declared, int64_t actual
 
 // --- The layer list -----------------------------------------------------------
 
-const char* const kLayerTypes =
-    "linear, conv2d, batchnorm2d, layernorm, relu, gelu, tanh, sigmoid, maxpool2d, avgpool2d, "
-    "adaptive_avgpool2d, flatten, dropout, embedding, residual, transformer_block";
-
 absl::StatusOr<torch::nn::AnyModule> BuildLayer(const v1::UnitSpec& u, const TensorType& in,
                                                 const std::string& field);
 
@@ -395,8 +391,9 @@ absl::StatusOr<torch::nn::AnyModule> BuildLayer(const v1::UnitSpec& u, const Ten
     }
     return nn::AnyModule(Residual(body->first, shortcut, /*relu_after=*/false));
   }
-  return Bad(absl::StrCat(field, ".type"),
-             absl::StrCat("'", t, "' is not a layer type; allowed: ", kLayerTypes));
+  return Bad(
+      absl::StrCat(field, ".type"),
+      absl::StrCat("'", t, "' is not a layer type; allowed: ", absl::StrJoin(LayerTypes(), ", ")));
 }
 
 // --- The zoo ------------------------------------------------------------------
@@ -518,33 +515,126 @@ absl::StatusOr<torch::nn::Sequential> ZooUnit(const v1::ModelSpec& m, int u, int
   return seq;
 }
 
-std::string ZooLabel(const v1::ModelSpec& m, int u, int total) {
-  if (m.type() == "mlp") return absl::StrCat("model.layers[", u, "]");
-  const char* part = u == 0           ? (m.type() == "resnet" ? "stem" : "embedding")
-                     : u == total - 1 ? (m.type() == "resnet" ? "head" : "norm and head")
+// What unit u of a zoo model is, e.g. "resnet stem", "transformer_lm block".
+std::string ZooPart(const v1::ModelSpec& m, int u, int total) {
+  if (m.type() == "mlp") return "linear";
+  const bool resnet = m.type() == "resnet";
+  const char* part = u == 0           ? (resnet ? "stem" : "embedding")
+                     : u == total - 1 ? (resnet ? "head" : "norm and head")
                                       : "block";
-  return absl::StrCat("unit ", u, " (", m.type(), " ", part, ")");
+  return absl::StrCat(m.type(), " ", part);
 }
 
-absl::StatusOr<torch::jit::Module> LoadScript(const std::string& bytes) {
+// A TorchScript nn.Sequential from a file's bytes; errors name model.path and,
+// when given, the file (`file`).
+absl::StatusOr<torch::jit::Module> LoadScript(const std::string& bytes,
+                                              const std::string& file = "") {
+  const std::string where = file.empty() ? "" : absl::StrCat("'", file, "' ");
   torch::jit::Module module;
   try {
     std::istringstream in(bytes);
     module = torch::jit::load(in);
   } catch (const std::exception& e) {
-    return Bad("model.path", absl::StrCat("is not a TorchScript file: ", TorchMessage(e)));
+    return Bad("model.path", absl::StrCat(where, "is not a TorchScript file: ", TorchMessage(e)));
   }
   const std::string type = module.type()->name() ? module.type()->name()->name() : "";
   if (type != "Sequential") {
-    return Bad("model.path", absl::StrCat("holds a TorchScript '", type,
+    return Bad("model.path", absl::StrCat(where, "holds a TorchScript '", type,
                                           "', not an nn.Sequential; script an nn.Sequential "
                                           "whose top-level children are the pipeline's units"));
   }
   if (module.children().size() == 0) {
-    return Bad("model.path", "the nn.Sequential has no children; it needs at least one unit");
+    return Bad("model.path", absl::StrCat(where,
+                                          "holds an nn.Sequential without children; it "
+                                          "needs at least one unit"));
   }
   return module;
 }
+
+// Where a model's units come from: the spec, and for torchscript the file's
+// top-level children (the file is loaded once). Build() makes one unit, so
+// a whole stage, the shape pass and profiling all build units the same way.
+class UnitSource {
+ public:
+  static absl::StatusOr<UnitSource> Open(const v1::ModelSpec& model,
+                                         const std::string& torchscript) {
+    const auto& types = ModelTypes();
+    if (std::find(types.begin(), types.end(), model.type()) == types.end()) {
+      return Bad("model.type", absl::StrCat("'", model.type(), "' is not allowed; allowed: ",
+                                            absl::StrJoin(types, ", ")));
+    }
+    if ((model.type() == "resnet" || model.type() == "transformer_lm") && model.classes() < 1) {
+      return Bad("model.classes", "not resolved from the data (ResolveModel)");
+    }
+    UnitSource source(model);
+    if (model.type() == "torchscript") {
+      auto module = LoadScript(torchscript);
+      if (!module.ok()) return module.status();
+      for (const auto& c : module->children()) source.children_.push_back(c);
+      source.total_ = static_cast<int>(source.children_.size());
+    } else {
+      source.total_ = ModelUnitCount(model);
+    }
+    return source;
+  }
+
+  int total() const { return total_; }
+
+  // Unit u on input `in`, its weights drawn from a generator seeded with
+  // (seed, u) so that they do not depend on the partition; checked against
+  // its input by one probe forward.
+  absl::StatusOr<std::pair<torch::nn::AnyModule, UnitInfo>> Build(int u, int64_t seed,
+                                                                  const TensorType& in) const {
+    torch::manual_seed(static_cast<uint64_t>(seed) * 1000003ULL + static_cast<uint64_t>(u));
+    const v1::ModelSpec& m = model_;
+    UnitInfo info;
+    info.in = in;
+    std::string label;
+    if (m.type() == "sequential") {
+      info.name = m.units(u).type();
+      label = absl::StrCat("model.units[", u, "] (", info.name, ")");
+    } else if (m.type() == "torchscript") {
+      info.name = children_[u].type()->name() ? children_[u].type()->name()->name() : "module";
+      label = absl::StrCat("unit ", u, " (", info.name, ")");
+    } else {
+      info.name = ZooPart(m, u, total_);
+      label = m.type() == "mlp" ? absl::StrCat("model.layers[", u, "]")
+                                : absl::StrCat("unit ", u, " (", info.name, ")");
+    }
+    torch::nn::AnyModule unit;
+    try {
+      if (m.type() == "torchscript") {
+        unit = torch::nn::AnyModule(ScriptUnit(children_[u]));
+      } else {
+        absl::StatusOr<torch::nn::Sequential> layers;
+        if (m.type() == "sequential") {
+          auto layer = BuildLayer(m.units(u), in, absl::StrCat("model.units[", u, "]"));
+          if (!layer.ok()) return layer.status();
+          layers = torch::nn::Sequential();
+          (*layers)->push_back(*layer);
+        } else {
+          layers = ZooUnit(m, u, total_, in, label);
+          if (!layers.ok()) return layers.status();
+        }
+        unit = torch::nn::AnyModule(Unit(*layers));
+      }
+    } catch (const std::exception& e) {
+      return Bad(label,
+                 absl::StrCat("cannot be built on input ", ShapeString(in), ": ", TorchMessage(e)));
+    }
+    auto out = Probe(unit, in, label);
+    if (!out.ok()) return out.status();
+    info.out = *out;
+    for (const auto& p : unit.ptr()->parameters()) info.parameters += p.numel();
+    return std::make_pair(std::move(unit), std::move(info));
+  }
+
+ private:
+  explicit UnitSource(const v1::ModelSpec& model) : model_(model) {}
+  v1::ModelSpec model_;
+  std::vector<torch::jit::Module> children_;
+  int total_ = 0;
+};
 
 }  // namespace
 
@@ -573,112 +663,50 @@ absl::StatusOr<std::string> ReadTorchScript(const std::string& path) {
   std::stringstream bytes;
   bytes << f.rdbuf();
   std::string s = bytes.str();
-  auto module = LoadScript(s);
-  if (!module.ok()) {
-    return Bad("model.path",
-               absl::StrCat("'", path, "' ",
-                            module.status().message().substr(std::string("model.path: ").size())));
-  }
+  if (auto module = LoadScript(s, path); !module.ok()) return module.status();
   return s;
 }
 
 absl::StatusOr<int> CountUnits(const v1::ModelSpec& model, const std::string& torchscript) {
-  if (model.type() != "torchscript") return ModelUnitCount(model);
-  auto module = LoadScript(torchscript);
-  if (!module.ok()) return module.status();
-  return static_cast<int>(module->children().size());
+  auto source = UnitSource::Open(model, torchscript);
+  if (!source.ok()) return source.status();
+  return source->total();
 }
 
 absl::StatusOr<BuiltUnits> BuildUnits(const v1::ModelSpec& model, int first_unit, int units,
                                       int64_t seed, const TensorType& input,
                                       const std::string& torchscript) {
-  static const char* const kTypes[] = {"mlp", "resnet", "transformer_lm", "sequential",
-                                       "torchscript"};
-  if (std::find(std::begin(kTypes), std::end(kTypes), model.type()) == std::end(kTypes)) {
-    return Bad("model.type", absl::StrCat("'", model.type(),
-                                          "' is not allowed; allowed: mlp, resnet, "
-                                          "transformer_lm, sequential, torchscript"));
-  }
-  std::vector<torch::jit::Module> children;
-  if (model.type() == "torchscript") {
-    auto module = LoadScript(torchscript);
-    if (!module.ok()) return module.status();
-    for (const auto& c : module->children()) children.push_back(c);
-  }
-  const int total =
-      model.type() == "torchscript" ? static_cast<int>(children.size()) : ModelUnitCount(model);
-  if (first_unit < 0 || units < 1 || first_unit + units > total) {
+  auto source = UnitSource::Open(model, torchscript);
+  if (!source.ok()) return source.status();
+  if (first_unit < 0 || units < 1 || first_unit + units > source->total()) {
     return Bad("units", absl::StrCat("range [", first_unit, ", ", first_unit + units,
-                                     ") is outside the model's ", total, " units"));
-  }
-  if ((model.type() == "resnet" || model.type() == "transformer_lm") && model.classes() < 1) {
-    return Bad("model.classes", "not resolved from the data (ResolveModel)");
+                                     ") is outside the model's ", source->total(), " units"));
   }
   BuiltUnits built;
   TensorType in = input;
   for (int u = first_unit; u < first_unit + units; ++u) {
-    // Seeding per unit makes initial weights independent of the partition.
-    torch::manual_seed(static_cast<uint64_t>(seed) * 1000003ULL + static_cast<uint64_t>(u));
-    UnitInfo info;
-    info.in = in;
-    torch::nn::AnyModule unit;
-    std::string label;
-    if (model.type() == "sequential") {
-      const v1::UnitSpec& spec = model.units(u);
-      label = absl::StrCat("model.units[", u, "] (", spec.type(), ")");
-      info.name = spec.type();
-      try {
-        auto layer = BuildLayer(spec, in, absl::StrCat("model.units[", u, "]"));
-        if (!layer.ok()) return layer.status();
-        torch::nn::Sequential seq;
-        seq->push_back(*layer);
-        unit = torch::nn::AnyModule(Unit(seq));
-      } catch (const std::exception& e) {
-        return Bad(label, absl::StrCat("cannot be built on input ", ShapeString(in), ": ",
-                                       TorchMessage(e)));
-      }
-    } else if (model.type() == "torchscript") {
-      const torch::jit::Module& child = children[u];
-      info.name = child.type()->name() ? child.type()->name()->name() : "module";
-      label = absl::StrCat("unit ", u, " (", info.name, ")");
-      unit = torch::nn::AnyModule(ScriptUnit(child));
-    } else {
-      label = ZooLabel(model, u, total);
-      info.name = label.substr(label.find('(') + 1);
-      info.name.pop_back();
-      absl::StatusOr<torch::nn::Sequential> seq;
-      try {
-        seq = ZooUnit(model, u, total, in, label);
-      } catch (const std::exception& e) {
-        return Bad(label, absl::StrCat("cannot be built on input ", ShapeString(in), ": ",
-                                       TorchMessage(e)));
-      }
-      if (!seq.ok()) return seq.status();
-      unit = torch::nn::AnyModule(Unit(*seq));
-    }
-    auto out = Probe(unit, in, label);
-    if (!out.ok()) return out.status();
-    info.out = *out;
-    for (const auto& p : unit.ptr()->parameters()) info.parameters += p.numel();
-    built.module->push_back(unit);
-    built.units.push_back(info);
-    in = *out;
+    auto unit = source->Build(u, seed, in);
+    if (!unit.ok()) return unit.status();
+    built.module->push_back(std::move(unit->first));
+    built.units.push_back(std::move(unit->second));
+    in = built.units.back().out;
   }
   return built;
 }
 
 absl::StatusOr<std::vector<UnitInfo>> ShapePass(const v1::ModelSpec& model, const TensorType& input,
                                                 const std::string& torchscript) {
-  auto total = CountUnits(model, torchscript);
-  if (!total.ok()) return total.status();
-  if (*total < 1) return Bad("model", "has no units");
-  // One unit at a time: the coordinator holds at most one unit's weights.
+  auto source = UnitSource::Open(model, torchscript);
+  if (!source.ok()) return source.status();
+  if (source->total() < 1) return Bad("model", "has no units");
+  // One unit at a time: the coordinator holds at most one unit's weights
+  // (beyond a TorchScript file's, which it has read).
   std::vector<UnitInfo> units;
   TensorType in = input;
-  for (int u = 0; u < *total; ++u) {
-    auto built = BuildUnits(model, u, 1, 0, in, torchscript);
-    if (!built.ok()) return built.status();
-    units.push_back(built->units[0]);
+  for (int u = 0; u < source->total(); ++u) {
+    auto unit = source->Build(u, 0, in);
+    if (!unit.ok()) return unit.status();
+    units.push_back(std::move(unit->second));
     in = units.back().out;
   }
   return units;
@@ -739,8 +767,8 @@ absl::StatusOr<UnitCosts> ProfileUnits(const v1::ModelSpec& model, const std::st
                                        int repeats, int64_t seed, torch::Device device) {
   if (microbatch_size < 1) return Bad("microbatch_size", "must be >= 1");
   if (repeats < 1) repeats = 3;
-  auto total = CountUnits(model, torchscript);
-  if (!total.ok()) return total.status();
+  auto source = UnitSource::Open(model, torchscript);
+  if (!source.ok()) return source.status();
   UnitCosts costs;
   TensorType in = input;
   try {
@@ -760,12 +788,12 @@ absl::StatusOr<UnitCosts> ProfileUnits(const v1::ModelSpec& model, const std::st
       return v[v.size() / 2];
     };
     // One unit at a time: the worker holds at most one unit's weights.
-    for (int u = 0; u < *total; ++u) {
-      auto built = BuildUnits(model, u, 1, seed, in, torchscript);
-      if (!built.ok()) return built.status();
-      built->module->to(device);
-      built->module->train();
-      torch::nn::AnyModule& any = *built->module->begin();
+    for (int u = 0; u < source->total(); ++u) {
+      auto unit = source->Build(u, seed, in);
+      if (!unit.ok()) return unit.status();
+      torch::nn::AnyModule& any = unit->first;
+      any.ptr()->to(device);
+      any.ptr()->train();
       std::vector<double> fwd, bwd;
       torch::Tensor out;
       for (int r = 0; r <= repeats; ++r) {  // run 0 warms up
@@ -787,8 +815,8 @@ absl::StatusOr<UnitCosts> ProfileUnits(const v1::ModelSpec& model, const std::st
       }
       costs.forward_seconds.push_back(median(fwd));
       costs.backward_seconds.push_back(median(bwd));
-      costs.parameters.push_back(built->units[0].parameters);
-      in = built->units[0].out;
+      costs.parameters.push_back(unit->second.parameters);
+      in = unit->second.out;
       x = out.detach();
     }
   } catch (const std::exception& e) {

@@ -86,6 +86,7 @@ TEST(BuildUnitsTest, MlpUnitIsLinearThenActivationAndFlattensImages) {
   auto built = BuildUnits(Mlp({784, 10}), 0, 1, 0, kImage);
   ASSERT_TRUE(built.ok()) << built.status();
   EXPECT_EQ(built->units[0].out.shape, std::vector<int64_t>{10});
+  EXPECT_EQ(built->units[0].name, "linear");
 }
 
 TEST(BuildUnitsTest, HeInitKeepsTheSignalOfADeepReluMlp) {
@@ -354,7 +355,7 @@ TEST(TorchScriptTest, RefusesWhatIsNotASequential) {
 // ---------------------------------------------------------------------------
 // Profiling
 
-TEST(ProfileUnitsTest, TimesEveryUnitAndSeesTheHeavyOne) {
+TEST(ProfileUnitsTest, TimesEveryUnitForwardAndBackward) {
   const v1::ModelSpec m = FromYaml(R"({type: sequential, units: [
       {type: linear, out: 16}, {type: linear, out: 512}, {type: linear, out: 512},
       {type: relu}, {type: linear, out: 4}]})");
@@ -366,9 +367,8 @@ TEST(ProfileUnitsTest, TimesEveryUnitAndSeesTheHeavyOne) {
     EXPECT_GT(costs->backward_seconds[u], 0);
   }
   EXPECT_EQ(costs->parameters[2], 512 * 512 + 512);
-  // The 512x512 unit does 30x the work of the 16x16 one.
-  EXPECT_GT(costs->forward_seconds[2] + costs->backward_seconds[2],
-            costs->forward_seconds[0] + costs->backward_seconds[0]);
+  // That the costs rank units by their work is a timing claim, measured by
+  // bench/partition.sh, not asserted here.
 }
 
 // ---------------------------------------------------------------------------
