@@ -4,7 +4,6 @@
 #include "common/log.h"
 #include "pipeline/data.h"
 #include "pipeline/job_spec.h"
-#include "pipeline/mnist.h"
 #include "pipeline/model_plan.h"
 
 namespace pipemare {
@@ -38,12 +37,7 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec) {
   if (auto st = ValidateJobSpec(spec); !st.ok()) return st;
   // The data files' headers and labels, and the model against them (the
   // shape pass): refuse now, not when it runs.
-  const auto& d = spec.data();
-  if ((d.type() == "idx" || d.type() == "mnist") && spec.model().type() == "mlp") {
-    // Names the file a mismatched width comes from.
-    if (auto st = CheckDataset(spec); !st.ok()) return st;
-  }
-  auto data = InspectData(d);
+  auto data = InspectData(spec.data());
   if (!data.ok()) return data.status();
   if (auto plan = PlanModel(spec, *data); !plan.ok()) return plan.status();
   v1::JobStatus job = store_->Create(spec);

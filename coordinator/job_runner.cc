@@ -14,7 +14,6 @@
 #include "common/rpc.h"
 #include "pipeline/data.h"
 #include "pipeline/job_spec.h"
-#include "pipeline/mnist.h"
 #include "pipeline/model_plan.h"
 #include "pipeline/partition.h"
 #include "pipeline/pipemare_math.h"
@@ -487,16 +486,6 @@ absl::Status JobRunner::Impl::Run() {
   auto data = LoadData(spec_.data());
   if (!data.ok()) return absl::InvalidArgumentError(data.status().message());
   // Checked at submit; the files may have changed since.
-  const auto& d = spec_.data();
-  if ((d.type() == "idx" || d.type() == "mnist") && spec_.model().type() == "mlp") {
-    auto idx = InspectIdx(d);
-    if (!idx.ok()) return idx.status();
-    if (auto st =
-            CheckModelFitsData(spec_.model(), idx->files, idx->rows, idx->cols, data->info.classes);
-        !st.ok()) {
-      return st;
-    }
-  }
   auto plan = PlanModel(spec_, data->info);
   if (!plan.ok()) return absl::InvalidArgumentError(plan.status().message());
   const bool lm = data->info.task == Task::kLanguageModel;

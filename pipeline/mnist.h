@@ -105,8 +105,8 @@ absl::Status CheckDataset(const v1::JobSpec& spec);
 
 // The model against its data: model.layers[0] must be rows x cols and the
 // last width at least `classes`. Errors name the layer and the file the
-// number comes from. Used at submit (CheckDataset) and again when the job
-// starts, as the files may have changed in between.
+// number comes from. Through CheckDataset, which PlanModel (pipeline/model_plan.h)
+// runs for an MLP on idx files at submit and again when the job starts.
 absl::Status CheckModelFitsData(const v1::ModelSpec& model, const IdxFiles& files, int64_t rows,
                                 int64_t cols, int64_t classes);
 

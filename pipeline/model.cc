@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pipeline/job_spec.h"
+#include "pipeline/mnist.h"
 #include "pipeline/partition.h"
 
 namespace pipemare {
@@ -713,6 +714,12 @@ absl::StatusOr<std::vector<UnitInfo>> ShapePass(const v1::ModelSpec& model, cons
 }
 
 absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& data) {
+  const auto& d = spec.data();
+  if (spec.model().type() == "mlp" && (d.type() == "idx" || d.type() == "mnist")) {
+    // An MLP's widths against idx files: the error names the file the
+    // number comes from (the shape pass below could only name the shape).
+    if (auto st = CheckDataset(spec); !st.ok()) return st;
+  }
   ModelPlan plan;
   plan.model = spec.model();
   const bool lm = data.task == Task::kLanguageModel;

@@ -35,7 +35,9 @@ struct UnitInfo {
 // shape pass run on the data's example shape, the last unit's output checked
 // against the task (classification: [classes] or wider; language model:
 // [context, vocab] or wider vocab), schedule.stages and schedule.split
-// checked against the unit count. Errors name the field or unit and the fix.
+// checked against the unit count; an MLP on idx files first by CheckDataset
+// (pipeline/mnist.h), whose errors name the file. Errors name the field or
+// unit and the fix.
 struct ModelPlan {
   v1::ModelSpec model;      // resolved: what the stages are sent
   std::string torchscript;  // the file's bytes, for torchscript models
