@@ -34,12 +34,6 @@ absl::Status Invalid(const DataFile& f, const std::string& message) {
   return Invalid(f.field, absl::StrCat(f.path, ": ", message));
 }
 
-std::string JoinPath(const std::string& dir, const std::string& name) {
-  return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
-}
-
-int64_t Limited(int64_t count, int64_t limit) { return limit > 0 ? std::min(limit, count) : count; }
-
 std::string Shape(const std::vector<int64_t>& shape) { return absl::StrJoin(shape, "x"); }
 
 // The size of a regular file (`what` it should be), or why it is not one;
@@ -177,7 +171,7 @@ absl::StatusOr<std::vector<DataFile>> CifarFiles(const v1::DataSpec& d, bool tra
       const std::string field = absl::StrCat(list_field, "[", i, "]");
       const std::string& p = listed[i];
       if (p.empty()) return Invalid(field, "empty; give the path of a CIFAR-10 batch file");
-      files.push_back({p.front() != '/' && !d.path().empty() ? JoinPath(d.path(), p) : p, field});
+      files.push_back({ResolveDataPath(d.path(), p), field});
     }
     return files;
   }
@@ -194,19 +188,19 @@ absl::StatusOr<std::vector<DataFile>> CifarFiles(const v1::DataSpec& d, bool tra
   }
   if (train) {
     for (int k = 1; k <= 5; ++k) {
-      const std::string p = JoinPath(d.path(), absl::StrCat("data_batch_", k, ".bin"));
+      const std::string p = ResolveDataPath(d.path(), absl::StrCat("data_batch_", k, ".bin"));
       if (fs::exists(p, ec)) files.push_back({p, "data.path"});
     }
     if (files.empty()) {
       std::string hint;
-      const std::string nested = JoinPath(d.path(), "cifar-10-batches-bin");
+      const std::string nested = ResolveDataPath(d.path(), "cifar-10-batches-bin");
       if (fs::is_directory(nested, ec)) hint = absl::StrCat(" (use data.path: ", nested, ")");
       return Invalid("data.path",
                      absl::StrCat(d.path(), " holds none of data_batch_1.bin .. data_batch_5.bin",
                                   hint, "; ", how));
     }
   } else {
-    files.push_back({JoinPath(d.path(), "test_batch.bin"), "data.path"});
+    files.push_back({ResolveDataPath(d.path(), "test_batch.bin"), "data.path"});
   }
   return files;
 }
@@ -349,39 +343,6 @@ absl::StatusOr<Examples> ReadCifar(const std::vector<CifarFile>& files, int64_t 
   return e;
 }
 
-// Per-channel mean and (population) standard deviation of [0, 1] pixels;
-// std 1 where a channel is constant.
-void ChannelMeanStd(const Examples& e, std::vector<float>& mean, std::vector<float>& std) {
-  const int64_t channels = e.input_shape[0];
-  const int64_t plane = e.InputSize() / channels;
-  mean.assign(channels, 0);
-  std.assign(channels, 1);
-  if (e.count == 0) return;
-  for (int64_t c = 0; c < channels; ++c) {
-    double sum = 0, squares = 0;
-    for (int64_t i = 0; i < e.count; ++i) {
-      const float* p = e.inputs.data() + i * e.InputSize() + c * plane;
-      for (int64_t k = 0; k < plane; ++k) sum += p[k], squares += double{p[k]} * p[k];
-    }
-    const double n = static_cast<double>(e.count) * plane;
-    const double m = sum / n;
-    const double s = std::sqrt(std::max(0.0, squares / n - m * m));
-    mean[c] = static_cast<float>(m);
-    std[c] = s > 1e-6 ? static_cast<float>(s) : 1.0f;
-  }
-}
-
-void NormaliseChannels(Examples& e, const std::vector<float>& mean, const std::vector<float>& std) {
-  const int64_t channels = e.input_shape[0];
-  const int64_t plane = e.InputSize() / channels;
-  for (int64_t i = 0; i < e.count; ++i) {
-    for (int64_t c = 0; c < channels; ++c) {
-      float* p = e.inputs.data() + i * e.InputSize() + c * plane;
-      for (int64_t k = 0; k < plane; ++k) p[k] = (p[k] - mean[c]) / std[c];
-    }
-  }
-}
-
 absl::StatusOr<DataInfo> InspectCifar(const v1::DataSpec& d) {
   auto s = OpenCifarSplits(d);
   if (!s.ok()) return s.status();
@@ -402,12 +363,18 @@ absl::StatusOr<Data> LoadCifar(const v1::DataSpec& d) {
   if (d.has_normalize() && !d.normalize()) {
     out.normalisation = "none (pixel / 255)";
   } else {
-    std::vector<float> mean, std;
-    ChannelMeanStd(out.train, mean, std);
-    NormaliseChannels(out.train, mean, std);
-    NormaliseChannels(out.test, mean, std);
-    out.normalisation = absl::StrCat("per-channel mean [", absl::StrJoin(mean, ", "), "] std [",
-                                     absl::StrJoin(std, ", "), "] (training pixels)");
+    const int64_t channels = kCifarShape[0], plane = kCifarImageBytes / channels;
+    const std::vector<Normalisation> stats =
+        ChannelStats(out.train.inputs, out.train.count, channels, plane);
+    NormaliseChannels(out.train.inputs, out.train.count, stats, plane);
+    NormaliseChannels(out.test.inputs, out.test.count, stats, plane);
+    auto join = [&](float Normalisation::*field) {
+      return absl::StrJoin(stats, ", ", [&](std::string* o, const Normalisation& n) {
+        absl::StrAppend(o, n.*field);
+      });
+    };
+    out.normalisation = absl::StrCat("per-channel mean [", join(&Normalisation::mean), "] std [",
+                                     join(&Normalisation::std), "] (training pixels)");
   }
   return out;
 }

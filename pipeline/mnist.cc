@@ -149,7 +149,7 @@ absl::StatusOr<ImageDataset> LoadSplit(const DataFile& images_file, const DataFi
   auto pair = OpenPair(images_file, labels_file);
   if (!pair.ok()) return pair.status();
   ImageDataset ds;
-  ds.count = limit > 0 ? std::min(limit, pair->count()) : pair->count();
+  ds.count = Limited(pair->count(), limit);
   ds.rows = pair->rows();
   ds.cols = pair->cols();
   const int64_t n = ds.count * ds.features();  // <= 2^50 (OpenPair)
@@ -182,20 +182,6 @@ absl::Status CheckLabels(const std::vector<int64_t>& labels, int64_t classes, co
   return absl::OkStatus();
 }
 constexpr const char* kDigits = "a digit 0..9";
-
-void Normalise(ImageDataset& ds, Normalisation n) {
-  for (float& p : ds.pixels) p = (p - n.mean) / n.std;
-}
-
-// Mean and (population) standard deviation of pixels in [0, 1].
-Normalisation MeanStd(const std::vector<float>& pixels) {
-  double sum = 0, squares = 0;
-  for (float p : pixels) sum += p, squares += double{p} * p;
-  const double count = std::max<double>(1, pixels.size());
-  const double mean = sum / count;
-  const double std = std::sqrt(std::max(0.0, squares / count - mean * mean));
-  return {static_cast<float>(mean), std > 1e-6 ? static_cast<float>(std) : 1.0f};
-}
 
 std::string Join(const std::string& dir, const std::string& name) {
   return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
@@ -230,13 +216,47 @@ std::string ClassesText(int64_t classes, const DataFile& train_labels) {
 
 }  // namespace
 
+std::vector<Normalisation> ChannelStats(const std::vector<float>& pixels, int64_t count,
+                                        int64_t channels, int64_t plane) {
+  std::vector<Normalisation> out(channels);
+  if (count == 0) return out;
+  for (int64_t c = 0; c < channels; ++c) {
+    double sum = 0, squares = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const float* p = pixels.data() + (i * channels + c) * plane;
+      for (int64_t k = 0; k < plane; ++k) sum += p[k], squares += double{p[k]} * p[k];
+    }
+    const double n = static_cast<double>(count) * plane;
+    const double mean = sum / n;
+    const double std = std::sqrt(std::max(0.0, squares / n - mean * mean));
+    out[c] = {static_cast<float>(mean), std > 1e-6 ? static_cast<float>(std) : 1.0f};
+  }
+  return out;
+}
+
+void NormaliseChannels(std::vector<float>& pixels, int64_t count,
+                       const std::vector<Normalisation>& channels, int64_t plane) {
+  const int64_t C = static_cast<int64_t>(channels.size());
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t c = 0; c < C; ++c) {
+      float* p = pixels.data() + (i * C + c) * plane;
+      for (int64_t k = 0; k < plane; ++k) p[k] = (p[k] - channels[c].mean) / channels[c].std;
+    }
+  }
+}
+
+std::string ResolveDataPath(const std::string& dir, const std::string& path) {
+  const bool relative = !path.empty() && path.front() != '/';
+  return relative && !dir.empty() ? Join(dir, path) : path;
+}
+
 absl::StatusOr<ImageDataset> LoadIdxPair(const std::string& images_path,
                                          const std::string& labels_path, int64_t limit) {
   const DataFile labels_file{labels_path, ""};
   auto ds = LoadSplit({images_path, ""}, labels_file, limit);
   if (!ds.ok()) return ds.status();
   if (auto st = CheckLabels(ds->labels, 10, labels_file, kDigits); !st.ok()) return st;
-  Normalise(*ds, kMnistNormalisation);
+  NormaliseChannels(ds->pixels, ds->count, {kMnistNormalisation}, ds->features());
   return ds;
 }
 
@@ -252,8 +272,7 @@ IdxFiles ResolveIdxFiles(const v1::DataSpec& d) {
   if (!d.train_images().empty() || !d.train_labels().empty() || !d.test_images().empty() ||
       !d.test_labels().empty()) {
     auto in_dir = [&](const std::string& p, const char* field) {
-      const bool relative = !p.empty() && p.front() != '/';
-      return DataFile{relative && !d.path().empty() ? Join(d.path(), p) : p, field};
+      return DataFile{ResolveDataPath(d.path(), p), field};
     };
     return {in_dir(d.train_images(), "data.train_images"),
             in_dir(d.train_labels(), "data.train_labels"),
@@ -297,10 +316,10 @@ absl::StatusOr<Dataset> LoadDataset(const v1::DataSpec& d) {
   } else if (d.has_normalize() && !d.normalize()) {
     out.normalisation = Normalisation{};  // p / 255
   } else {
-    out.normalisation = MeanStd(train->pixels);
+    out.normalisation = ChannelStats(train->pixels, train->count, 1, train->features())[0];
   }
-  Normalise(*train, out.normalisation);
-  Normalise(*test, out.normalisation);
+  NormaliseChannels(train->pixels, train->count, {out.normalisation}, train->features());
+  NormaliseChannels(test->pixels, test->count, {out.normalisation}, test->features());
   out.train = std::move(*train);
   out.test = std::move(*test);
   return out;
@@ -330,14 +349,11 @@ absl::StatusOr<IdxInfo> InspectIdx(const v1::DataSpec& d) {
       !st.ok()) {
     return st;
   }
-  auto limited = [](int64_t count, int64_t limit) {
-    return limit > 0 ? std::min(limit, count) : count;
-  };
   info.rows = train->rows();
   info.cols = train->cols();
   info.classes = *classes;
-  info.train_count = limited(train->count(), d.train_limit());
-  info.test_count = limited(test->count(), d.test_limit());
+  info.train_count = Limited(train->count(), d.train_limit());
+  info.test_count = Limited(test->count(), d.test_limit());
   return info;
 }
 

@@ -34,6 +34,24 @@ struct Normalisation {
 // MNIST's: data.type "mnist" (and LoadIdxPair, LoadMnist) always use it.
 inline constexpr Normalisation kMnistNormalisation{0.1307f, 0.3081f};
 
+// Helpers every data.type shares (pipeline/data.cc uses them too).
+//
+// Each channel's mean and (population) standard deviation over `count`
+// examples of `pixels` (in [0, 1]) laid out as `channels` planes of `plane`
+// values; std 1 where a channel is constant (or there are no examples).
+std::vector<Normalisation> ChannelStats(const std::vector<float>& pixels, int64_t count,
+                                        int64_t channels, int64_t plane);
+// pixels = (pixels - mean[c]) / std[c], channel by channel, in place.
+void NormaliseChannels(std::vector<float>& pixels, int64_t count,
+                       const std::vector<Normalisation>& channels, int64_t plane);
+// `path` from a data spec: a relative one is resolved against `dir`
+// (data.path) when that is set.
+std::string ResolveDataPath(const std::string& dir, const std::string& path);
+// The first `limit` of `count` examples (limit <= 0: all).
+inline int64_t Limited(int64_t count, int64_t limit) {
+  return limit > 0 && limit < count ? limit : count;
+}
+
 // File names of the four standard files inside a data directory (each may
 // also be present gzipped, with ".gz" appended).
 inline constexpr const char* kMnistTrainImages = "train-images-idx3-ubyte";
