@@ -222,29 +222,33 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
   }
   torch::Tensor rng;
   if (train) rng = RngState();
-  auto out = Run(microbatch, input, train);
+  auto out = Run(input, train);
   if (out.ok() && train) Remember(microbatch, input, torch::Tensor(), rng);
   return out;
 }
 
+namespace {
+// The generator dropout draws from on `device`.
+at::Generator DefaultGenerator(const torch::Device& device) {
+  return device.is_cuda() ? at::globalContext().defaultGenerator(device)
+                          : at::detail::getDefaultCPUGenerator();
+}
+}  // namespace
+
 torch::Tensor StageRuntime::RngState() const {
   if (virtual_.enabled) return torch::Tensor();
-  auto gen = device_.is_cuda() ? at::globalContext().defaultGenerator(device_)
-                               : at::detail::getDefaultCPUGenerator();
+  at::Generator gen = DefaultGenerator(device_);
   std::lock_guard<std::mutex> lock(gen.mutex());
   return gen.get_state();
 }
 
 void StageRuntime::SetRngState(const torch::Tensor& state) {
-  auto gen = device_.is_cuda() ? at::globalContext().defaultGenerator(device_)
-                               : at::detail::getDefaultCPUGenerator();
+  at::Generator gen = DefaultGenerator(device_);
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }
 
-absl::StatusOr<torch::Tensor> StageRuntime::Run(uint64_t microbatch, const torch::Tensor& input,
-                                                bool train) {
-  (void)microbatch;
+absl::StatusOr<torch::Tensor> StageRuntime::Run(const torch::Tensor& input, bool train) {
   torch::Tensor out;
   absl::Status st = Guard(absl::StrCat("stage ", stage_, " forward").c_str(), [&] {
     torch::NoGradGuard no_grad;
@@ -320,7 +324,7 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
   }
   torch::Tensor rng;
   if (train) rng = RngState();
-  auto out = Run(microbatch, input, train);
+  auto out = Run(input, train);
   if (!out.ok()) return out.status();
   LossResult r;
   absl::Status st = Guard("loss", [&] {

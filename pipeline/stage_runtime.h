@@ -174,7 +174,7 @@ class StageRuntime {
   void Remember(uint64_t microbatch, const torch::Tensor& input, const torch::Tensor& targets,
                 const torch::Tensor& rng);
   // The forward without remembering anything (training or evaluation mode).
-  absl::StatusOr<torch::Tensor> Run(uint64_t microbatch, const torch::Tensor& input, bool train);
+  absl::StatusOr<torch::Tensor> Run(const torch::Tensor& input, bool train);
   // The backward's forward at the current (swapped-in) weights, with graph,
   // dropout's masks replayed from `rng`. `buffers` receives copies of the
   // module's buffers from before it (BatchNorm's running statistics), for the
