@@ -416,31 +416,32 @@ absl::StatusOr<std::vector<StageRange>> JobRunner::Impl::Partition(const ModelPl
   const auto& sched = spec_.schedule();
   const std::string kind = sched.partition().empty() ? "uniform" : sched.partition();
   const int units = static_cast<int>(plan.units.size());
-  std::vector<int64_t> params;
-  for (const auto& u : plan.units) params.push_back(u.parameters);
+  std::vector<double> params;
+  for (const auto& u : plan.units) params.push_back(static_cast<double>(u.parameters));
   absl::StatusOr<std::vector<StageRange>> ranges;
   std::vector<double> predicted;  // seconds per microbatch ("profile" only)
-  std::vector<double> by;         // the partition's own cost per stage
   if (kind == "profile") {
     auto cost = Profile(plan);
     if (!cost.ok()) return cost.status();
     ranges = PartitionByCost(*cost, P_);
-    if (ranges.ok()) predicted = by = StageCosts(*ranges, *cost);
+    if (ranges.ok()) predicted = StageCosts(*ranges, *cost);
   } else if (kind == "parameters") {
-    ranges = PartitionByParameters(params, P_);
+    std::vector<int64_t> exact;  // integer arithmetic: exact ties
+    for (const auto& u : plan.units) exact.push_back(u.parameters);
+    ranges = PartitionByParameters(exact, P_);
   } else if (kind == "split") {
     ranges = PartitionFromSplit({sched.split().begin(), sched.split().end()}, units, P_);
   } else {
     ranges = PartitionUniform(units, P_);
   }
   if (!ranges.ok()) return ranges.status();
+  const std::vector<double> stage_params = StageCosts(*ranges, {params});
+  // The bottleneck by the partition's own cost: seconds, parameters, or
+  // (uniform and split) units.
+  std::vector<double> by = predicted;
+  if (kind == "parameters") by = stage_params;
   if (by.empty()) {
-    for (const auto& r : *ranges) {
-      int64_t p = 0;
-      for (int u = r.first_unit; u < r.first_unit + r.units; ++u) p += params[u];
-      // parameters: balance by parameters; uniform and split: by units.
-      by.push_back(kind == "parameters" ? static_cast<double>(p) : r.units);
-    }
+    for (const auto& r : *ranges) by.push_back(r.units);
   }
   const int bottleneck = Bottleneck(by);
   std::string summary;
@@ -448,7 +449,6 @@ absl::StatusOr<std::vector<StageRange>> JobRunner::Impl::Partition(const ModelPl
       ->Update(r_.job_id_,
                [&](v1::JobStatus& s) {
                  s.set_partition(kind);
-                 s.set_task(plan.input.tokens ? "language_model" : "classification");
                  s.clear_stages();
                  for (int i = 0; i < P_; ++i) {
                    const StageRange& r = (*ranges)[i];
@@ -458,9 +458,7 @@ absl::StatusOr<std::vector<StageRange>> JobRunner::Impl::Partition(const ModelPl
                    st->set_worker_address(r_.workers_[i].address());
                    st->set_first_unit(r.first_unit);
                    st->set_units(r.units);
-                   int64_t p = 0;
-                   for (int u = r.first_unit; u < r.first_unit + r.units; ++u) p += params[u];
-                   st->set_parameters(p);
+                   st->set_parameters(static_cast<int64_t>(stage_params[i]));
                    if (!predicted.empty()) st->set_predicted_seconds(predicted[i]);
                    st->set_bottleneck(i == bottleneck);
                    absl::StrAppend(
@@ -489,6 +487,10 @@ absl::Status JobRunner::Impl::Run() {
   auto plan = PlanModel(spec_, data->info);
   if (!plan.ok()) return absl::InvalidArgumentError(plan.status().message());
   const bool lm = data->info.task == Task::kLanguageModel;
+  r_.store_
+      ->Update(r_.job_id_,
+               [&](v1::JobStatus& s) { s.set_task(lm ? "language_model" : "classification"); })
+      .IgnoreError();
   LogInfo(ForJob(r_.job_id_),
           absl::StrCat("data: ", data->info.description,
                        data->normalisation.empty() ? "" : "; normalised ", data->normalisation));
