@@ -435,7 +435,6 @@ DataInfo TextDataInfo(const TextSplits& s) {
   DataInfo info;
   info.task = Task::kLanguageModel;
   info.input_shape = {s.context};
-  info.token_input = true;
   info.classes = 256;
   info.train_count = s.train_count;
   info.test_count = s.test_count;

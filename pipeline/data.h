@@ -58,7 +58,8 @@ struct Examples {
 struct DataInfo {
   Task task = Task::kClassification;
   std::vector<int64_t> input_shape;  // per example
-  bool token_input = false;
+  // Language models read INT64 token ids; images are float.
+  bool token_input() const { return task == Task::kLanguageModel; }
   // Image classes (idx: max(label) + 1 over the whole training label file,
   // cifar: over all training records, mnist: 10); 256 (bytes) for text.
   int64_t classes = 0;

@@ -105,7 +105,7 @@ TEST_F(DataTest, CifarFindsTheDefaultFilesThatArePresent) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->task, Task::kClassification);
   EXPECT_EQ(info->input_shape, (std::vector<int64_t>{3, 32, 32}));
-  EXPECT_FALSE(info->token_input);
+  EXPECT_FALSE(info->token_input());
   EXPECT_EQ(info->classes, 10);
   EXPECT_EQ(info->train_count, 20);
   EXPECT_EQ(info->test_count, 5);
@@ -358,7 +358,7 @@ TEST_F(DataTest, TextWindowsPredictTheNextByte) {
   auto info = InspectData(d);
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->task, Task::kLanguageModel);
-  EXPECT_TRUE(info->token_input);
+  EXPECT_TRUE(info->token_input());
   EXPECT_EQ(info->input_shape, (std::vector<int64_t>{16}));
   EXPECT_EQ(info->classes, 256);
   // Test split: the last 100 bytes; train: the first 900.

@@ -730,7 +730,7 @@ absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& dat
     if (!bytes.ok()) return bytes.status();
     plan.torchscript = std::move(*bytes);
   }
-  plan.input = TensorType{data.input_shape, data.token_input};
+  plan.input = TensorType{data.input_shape, data.token_input()};
   auto units = ShapePass(plan.model, plan.input, plan.torchscript);
   if (!units.ok()) return units.status();
   plan.units = std::move(*units);

@@ -392,7 +392,6 @@ DataInfo Text(int64_t context) {
   DataInfo d;
   d.task = Task::kLanguageModel;
   d.input_shape = {context};
-  d.token_input = true;
   d.classes = 256;
   return d;
 }
