@@ -639,6 +639,20 @@ class UnitSource {
 
 }  // namespace
 
+absl::Status CheckExampleShape(const std::vector<int64_t>& shape, int64_t batch,
+                               const std::string& field) {
+  if (shape.empty() || shape.size() > 8) return Bad(field, "1..8 dimensions per example");
+  int64_t elements = std::max<int64_t>(batch, 1);
+  for (int64_t d : shape) {
+    if (d < 1 || d > (int64_t{1} << 24)) return Bad(field, "each dimension in 1..16777216");
+    elements *= d;
+    if (elements > (int64_t{1} << 31)) {
+      return Bad(field, absl::StrCat("at most 2^31 elements in ", batch, " examples"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string ShapeString(const TensorType& t) {
   return absl::StrCat("[B", t.shape.empty() ? "" : ", ", absl::StrJoin(t.shape, ", "), "]",
                       t.tokens ? " token ids" : "");

@@ -30,6 +30,12 @@ struct UnitInfo {
   int64_t parameters = 0;
 };
 
+// A per-example input shape that arrived over RPC (a stage assignment, a
+// profile request): 1..8 dimensions, each in 1..2^24, and `batch` examples
+// of it at most 2^31 elements. INVALID_ARGUMENT naming `field` otherwise.
+absl::Status CheckExampleShape(const std::vector<int64_t>& shape, int64_t batch,
+                               const std::string& field);
+
 // A job's model checked against its data, before any stage is loaded: the
 // zoo resolved from the data (ResolveModel), a TorchScript file read, the
 // shape pass run on the data's example shape, the last unit's output checked

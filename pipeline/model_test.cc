@@ -452,5 +452,17 @@ TEST(SequentialTest, AUnitTooLargeToAllocateIsRefusedBeforeItIsBuilt) {
               HasSubstr("unit 1 (transformer_lm block): would hold"));
 }
 
+TEST(CheckExampleShapeTest, BoundsWhatArrivesOverRpc) {
+  EXPECT_TRUE(CheckExampleShape({1, 28, 28}, 64, "input_shape").ok());
+  EXPECT_THAT(CheckExampleShape({}, 1, "input_shape").message(),
+              HasSubstr("input_shape: 1..8 dimensions"));
+  EXPECT_THAT(CheckExampleShape({3, 0, 2}, 1, "input_shape").message(),
+              HasSubstr("each dimension in 1..16777216"));
+  EXPECT_THAT(CheckExampleShape({1 << 16, 1 << 16}, 1, "input_shape").message(),
+              HasSubstr("at most 2^31 elements"));
+  EXPECT_THAT(CheckExampleShape({1 << 12, 1 << 12}, 1 << 8, "input_shape").message(),
+              HasSubstr("at most 2^31 elements in 256 examples"));
+}
+
 }  // namespace
 }  // namespace pipemare

@@ -85,17 +85,13 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
   if (a.schedule().microbatches_per_step() < 1) {
     return Bad("schedule.microbatches_per_step", "must be >= 1");
   }
-  if (a.input_shape_size() > 8) return Bad("input_shape", "at most 8 dimensions per example");
-  int64_t elements = 1;
-  for (int64_t d : a.input_shape()) {
-    elements *= std::max<int64_t>(d, 1);
-    if (d < 1 || d > (int64_t{1} << 24) || elements > (int64_t{1} << 31)) {
-      return Bad("input_shape", "each dimension in 1..16777216, at most 2^31 elements per example");
-    }
+  const std::vector<int64_t> input_shape(a.input_shape().begin(), a.input_shape().end());
+  if (!input_shape.empty()) {  // empty: an MLP stage, sized by model.layers below
+    if (auto st = CheckExampleShape(input_shape, 1, "input_shape"); !st.ok()) return st;
   }
   torch::nn::Sequential module;
   absl::Status built = Guard("building the stage", [&] {
-    TensorType input{{a.input_shape().begin(), a.input_shape().end()}, a.token_input()};
+    TensorType input{input_shape, a.token_input()};
     // An MLP's stage input is a flat vector of its first layer's width.
     if (input.shape.empty() && a.model().type() == "mlp" &&
         a.first_unit() < a.model().layers_size()) {

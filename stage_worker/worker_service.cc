@@ -70,20 +70,14 @@ grpc::Status WorkerService::ProfileUnits(grpc::ServerContext*, const v1::Profile
     return bad("microbatch_size: must be in 1..65536");
   }
   if (request->repeats() < 0 || request->repeats() > 100) return bad("repeats: must be in 0..100");
-  if (request->input_shape_size() < 1 || request->input_shape_size() > 8) {
-    return bad("input_shape: 1..8 dimensions per example");
-  }
-  int64_t elements = request->microbatch_size();
-  for (int64_t d : request->input_shape()) {
-    if (d < 1 || d > (int64_t{1} << 24)) return bad("input_shape: each dimension in 1..16777216");
-    elements *= d;
-    if (elements > (int64_t{1} << 31)) return bad("input_shape: the microbatch is too large");
+  const std::vector<int64_t> shape(request->input_shape().begin(), request->input_shape().end());
+  if (auto st = CheckExampleShape(shape, request->microbatch_size(), "input_shape"); !st.ok()) {
+    return ToGrpc(st);
   }
   if (request->token_input() && request->vocab() < 1) return bad("vocab: >= 1 for token input");
   std::lock_guard<std::mutex> profiling(profile_mu_);
   at::init_num_threads();  // OpenMP's thread count is per thread (see StageHost)
-  const TensorType input{{request->input_shape().begin(), request->input_shape().end()},
-                         request->token_input()};
+  const TensorType input{shape, request->token_input()};
   auto costs = ::pipemare::ProfileUnits(
       request->model(), request->torchscript(), input, request->vocab(), request->microbatch_size(),
       request->repeats() ? request->repeats() : 3, request->seed(), device_);
