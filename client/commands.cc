@@ -6,6 +6,7 @@
 #include "client/follow.h"
 #include "client/format.h"
 #include "common/rpc.h"
+#include "pipeline/checkpoint.h"
 #include "pipeline/job_spec.h"
 
 namespace pipemare::client {
@@ -177,6 +178,44 @@ int RunWorkers(const GlobalOptions& options) {
   } else {
     PrintText(RenderWorkers(response, NowUnixMs()));
   }
+  return kExitOk;
+}
+
+int RunResume(const GlobalOptions& options, const std::string& job_id, bool wait) {
+  auto stub = ConnectCoordinator(options.coordinator);
+  auto context = ContextWithDeadline(kRpcDeadlineSeconds);
+  v1::ResumeJobRequest request;
+  request.set_id(job_id);
+  v1::JobStatus job;
+  grpc::Status status = stub->ResumeJob(context.get(), request, &job);
+  if (!status.ok()) return ReportRpcError(status, options.coordinator);
+  std::fprintf(stderr, "%s: %s\n", job_id.c_str(), job.reason().c_str());
+  if (!wait) return kExitOk;
+  return RunWatch(options, job_id);
+}
+
+int RunExport(const GlobalOptions& options, const std::string& job_id, int64_t step,
+              const std::string& out) {
+  auto stub = ConnectCoordinator(options.coordinator);
+  // The model travels in one message (at most the channel's limit).
+  auto context = ContextWithDeadline(300);
+  v1::ExportModelRequest request;
+  request.set_id(job_id);
+  request.set_step(step);
+  v1::ExportModelResponse response;
+  grpc::Status status = stub->ExportModel(context.get(), request, &response);
+  if (!status.ok()) return ReportRpcError(status, options.coordinator);
+  for (const auto& [path, bytes] :
+       {std::pair{out, &response.model()}, std::pair{out + ".json", &response.spec_json()}}) {
+    if (auto st = WriteFileAtomically(path, *bytes); !st.ok()) {
+      std::fprintf(stderr, "error: --out: %s\n", std::string(st.message()).c_str());
+      return kExitFailed;
+    }
+  }
+  std::fprintf(stderr,
+               "exported %s at step %lld to %s (%s, %zu bytes; spec and input in %s.json)\n",
+               job_id.c_str(), static_cast<long long>(response.step()), out.c_str(),
+               response.format().c_str(), response.model().size(), out.c_str());
   return kExitOk;
 }
 

@@ -54,6 +54,14 @@ int RunList(const GlobalOptions& options);
 int RunWatch(const GlobalOptions& options, const std::string& job_id);
 int RunCancel(const GlobalOptions& options, const std::string& job_id);
 int RunWorkers(const GlobalOptions& options);
+// Resumes a FAILED or CANCELLED job from its newest checkpoint; with
+// `wait`, follows it to its end.
+int RunResume(const GlobalOptions& options, const std::string& job_id, bool wait);
+// Writes the trained model of `job_id` (checkpoint after step `step`, 0: the
+// newest valid one) to `out` and its spec, input normalisation and results
+// to `out`.json, each atomically.
+int RunExport(const GlobalOptions& options, const std::string& job_id, int64_t step,
+              const std::string& out);
 
 }  // namespace pipemare::client
 

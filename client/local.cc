@@ -332,7 +332,8 @@ absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster, const std::s
   absl::Status started = cluster.Start(
       "coordinator", binary,
       {"--listen", "127.0.0.1:0", "--address-file", address_file, "--metrics-listen", "127.0.0.1:0",
-       "--metrics-address-file", cluster.dir() + "/coordinator.metrics"});
+       "--metrics-address-file", cluster.dir() + "/coordinator.metrics", "--state-dir",
+       cluster.dir() + "/state"});
   if (!started.ok()) return started;
 
   const auto deadline = After(kCoordinatorStartSeconds);
@@ -411,7 +412,8 @@ absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
 
 // Submits the spec to the local coordinator and follows the job to its end.
 // Returns the exit code; prints the final status when the job ended.
-int SubmitAndFollow(LocalCluster& cluster, const GlobalOptions& options, const v1::JobSpec& spec) {
+int SubmitAndFollow(LocalCluster& cluster, const GlobalOptions& options, const v1::JobSpec& spec,
+                    const std::string& export_file) {
   auto stub = ConnectCoordinator(options.coordinator);
   v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;
@@ -456,6 +458,9 @@ int SubmitAndFollow(LocalCluster& cluster, const GlobalOptions& options, const v
       return result.exit_code;
     case FollowOutcome::kEnded:
       PrintJobStatus(result.job, options.output);
+      if (result.exit_code == kExitOk && !export_file.empty()) {
+        return RunExport(options, job_id, 0, export_file);
+      }
       return result.exit_code;
   }
   return kExitFailed;
@@ -513,7 +518,7 @@ int RunLocal(const GlobalOptions& options, const LocalOptions& local) {
     } else {
       std::fprintf(stderr, "started coordinator at %s and %d workers (logs in %s)\n",
                    address->c_str(), workers, dir->c_str());
-      code = SubmitAndFollow(cluster, job_options, *spec);
+      code = SubmitAndFollow(cluster, job_options, *spec, local.export_file);
     }
     cluster.StopAll();
     if (code != kExitOk && code != kExitInterrupted) cluster.PrintLogTails();

@@ -14,6 +14,8 @@ struct LocalOptions {
   int workers = 0;  // 0: one per pipeline stage
   int threads = 0;  // per worker; 0 = the host's CPUs shared evenly among the workers
   bool keep_logs = false;
+  // If set, the trained model is exported here when the job succeeds.
+  std::string export_file;
   // If set, a Prometheus file_sd targets file naming the coordinator's and
   // every worker's /metrics (deploy/prometheus/local.yml reads such files).
   std::string prometheus_targets;

@@ -55,6 +55,23 @@ int Main(int argc, char** argv) {
 
   CLI::App* workers = app.add_subcommand("workers", "List registered workers");
 
+  CLI::App* resume =
+      app.add_subcommand("resume", "Continue a FAILED or CANCELLED job from its newest checkpoint");
+  resume->add_option("JOB", job_id, "Job id")->required();
+  resume->add_flag("--wait", wait, "Follow the job; exit 0 only if it SUCCEEDED");
+
+  std::string export_out;
+  int64_t export_step = 0;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write a job's trained model as a PyTorch state dict (or TorchScript module)");
+  export_cmd->add_option("JOB", job_id, "Job id")->required();
+  export_cmd->add_option("--out", export_out, "Model file to write (its spec goes to FILE.json)")
+      ->required();
+  export_cmd
+      ->add_option("--checkpoint", export_step,
+                   "The checkpoint's step (default: the newest that verifies)")
+      ->check(CLI::PositiveNumber);
+
   CLI::App* local_cmd =
       app.add_subcommand("local", "Run a job on a coordinator and workers started on this machine");
   local_cmd->add_option("FILE", local.spec_file, "Job spec file")->required();
@@ -65,6 +82,8 @@ int Main(int argc, char** argv) {
                    "Threads per worker (0 = the host's CPUs shared evenly among the workers)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  local_cmd->add_option("--export", local.export_file,
+                        "When the job succeeds, write its trained model here (as export does)");
   local_cmd->add_flag("--keep-logs", local.keep_logs,
                       "Keep the log directory even if the job succeeds");
   local_cmd->add_option("--prometheus-targets", local.prometheus_targets,
@@ -102,6 +121,8 @@ int Main(int argc, char** argv) {
   if (*watch) return RunWatch(options, job_id);
   if (*cancel) return RunCancel(options, job_id);
   if (*workers) return RunWorkers(options);
+  if (*resume) return RunResume(options, job_id, wait);
+  if (*export_cmd) return RunExport(options, job_id, export_step, export_out);
   if (*local_cmd) return RunLocal(options, local);
   if (*simulate_cmd) return RunSimulate(simulate);
   return kExitBadInput;

@@ -62,6 +62,11 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
       Family("pipemare_worker_heartbeat_misses_total",
              "Times a worker went LOST for missing heartbeats", MetricType::Counter);
   Add(misses, {}, static_cast<double>(registry_->HeartbeatMisses()));
+  MetricFamily unreachable =
+      Family("pipemare_worker_unreachable_total",
+             "Times a worker went LOST because it refused the coordinator's connection",
+             MetricType::Counter);
+  Add(unreachable, {}, static_cast<double>(registry_->Unreachable()));
 
   // Newest first; keep live jobs and the kRecentJobs newest others.
   std::sort(jobs.begin(), jobs.end(), [](const v1::JobStatus& a, const v1::JobStatus& b) {

@@ -82,4 +82,21 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::Heart
   return ToGrpc(registry_->Heartbeat(req->worker_id()));
 }
 
+grpc::Status CoordinatorService::ExportModel(grpc::ServerContext*,
+                                             const v1::ExportModelRequest* req,
+                                             v1::ExportModelResponse* resp) {
+  auto exported = manager_->Export(req->id(), req->step());
+  if (!exported.ok()) return ToGrpc(exported.status());
+  *resp = std::move(*exported);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ResumeJob(grpc::ServerContext*, const v1::ResumeJobRequest* req,
+                                           v1::JobStatus* resp) {
+  auto job = manager_->Resume(req->id());
+  if (!job.ok()) return ToGrpc(job.status());
+  *resp = std::move(*job);
+  return grpc::Status::OK;
+}
+
 }  // namespace pipemare

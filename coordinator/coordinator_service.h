@@ -32,6 +32,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
                               v1::RegisterWorkerResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
                          v1::HeartbeatResponse*) override;
+  grpc::Status ExportModel(grpc::ServerContext*, const v1::ExportModelRequest*,
+                           v1::ExportModelResponse*) override;
+  grpc::Status ResumeJob(grpc::ServerContext*, const v1::ResumeJobRequest*,
+                         v1::JobStatus*) override;
 
  private:
   JobStore* const store_;

@@ -1,7 +1,12 @@
 #include "coordinator/job_manager.h"
 
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "pipeline/checkpoint.h"
 #include "pipeline/data.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/model_plan.h"
@@ -45,6 +50,120 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec) {
                                          ", ", spec.schedule().stages(), " stages): PENDING"));
   Poke();
   return store_->Get(job.id());
+}
+
+namespace {
+// The checkpoint directory of a job: <dir>/<job>/step-<k>/manifest.json.
+std::string CheckpointDirOf(const v1::JobStatus& job) {
+  return std::filesystem::path(job.checkpoint().manifest())
+      .parent_path()
+      .parent_path()
+      .parent_path()
+      .string();
+}
+}  // namespace
+
+absl::StatusOr<v1::ExportModelResponse> JobManager::Export(const std::string& id, int64_t step) {
+  auto job = store_->Get(id);
+  if (!job.ok()) return job.status();
+  if (step < 0) return absl::InvalidArgumentError("step: must be >= 0 (0: the newest checkpoint)");
+  if (job->checkpoint().manifest().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, " (", v1::JobState_Name(job->state()),
+        ") has no committed checkpoint yet; a job commits one after its last step, and every "
+        "checkpoint.every_steps steps when set"));
+  }
+  const std::string dir = CheckpointDirOf(*job);
+  absl::StatusOr<Manifest> manifest;
+  if (step == 0) {
+    std::vector<std::string> skipped;
+    manifest = NewestValidManifest(dir, id, &skipped);
+    for (const auto& why : skipped) {
+      LogError(ForJob(id), absl::StrCat("skipped a damaged checkpoint: ", why));
+    }
+    if (!skipped.empty()) {
+      store_
+          ->Update(id,
+                   [&](v1::JobStatus& s) {
+                     s.mutable_checkpoint()->set_skipped(s.checkpoint().skipped() +
+                                                         static_cast<int>(skipped.size()));
+                   })
+          .IgnoreError();
+    }
+  } else {
+    manifest = ReadManifest(CheckpointStepDir(dir, id, step));
+  }
+  if (!manifest.ok()) return manifest.status();
+  std::string torchscript;
+  if (job->spec().model().type() == "torchscript") {
+    auto bytes = ReadWholeFile(job->spec().model().path());
+    if (!bytes.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("model.path: the TorchScript file the weights go into is gone: ",
+                       bytes.status().message()));
+    }
+    torchscript = std::move(*bytes);
+  }
+  const std::string step_dir = CheckpointStepDir(dir, id, manifest->step);
+  auto model = ExportModel(step_dir, *manifest, torchscript);
+  if (!model.ok()) return model.status();
+  nlohmann::json info = {
+      {"job", id},
+      {"name", job->spec().name()},
+      {"step", manifest->step},
+      {"total_steps", job->progress().total_steps()},
+      {"format", model->format},
+      {"spec", nlohmann::json::parse(manifest->spec_json, nullptr, false)},
+      {"input", nlohmann::json::parse(manifest->input_json, nullptr, false)},
+      {"stages", nlohmann::json::array()},
+  };
+  for (const auto& s : manifest->stages) {
+    info["stages"].push_back({{"first_unit", s.first_unit}, {"units", s.units}});
+  }
+  // The job's reported results belong to the weights after its last step.
+  if (manifest->step == job->progress().total_steps() && job->state() == v1::SUCCEEDED) {
+    info["metrics"] = {{"test_accuracy", job->metrics().test_accuracy()},
+                       {"test_loss", job->metrics().test_loss()}};
+  }
+  v1::ExportModelResponse resp;
+  resp.set_model(std::move(model->bytes));
+  resp.set_format(model->format);
+  resp.set_step(manifest->step);
+  resp.set_spec_json(info.dump(2));
+  LogInfo(ForJob(id), absl::StrCat("exported the model at step ", manifest->step, " (",
+                                   resp.model().size(), " bytes, ", model->format, ")"));
+  return resp;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::Resume(const std::string& id) {
+  auto job = store_->Get(id);
+  if (!job.ok()) return job.status();
+  if (job->state() != v1::FAILED && job->state() != v1::CANCELLED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is ", v1::JobState_Name(job->state()),
+                     "; only a FAILED or CANCELLED job can be resumed"));
+  }
+  if (job->checkpoint().manifest().empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " has no committed checkpoint to resume from; submit it again"));
+  }
+  auto manifest = NewestValidManifest(CheckpointDirOf(*job), id);
+  if (!manifest.ok()) return manifest.status();
+  if (auto st = store_->UpdateState(id, v1::PENDING,
+                                    absl::StrCat("resuming from the checkpoint at step ",
+                                                 manifest->step, " when workers are idle"));
+      !st.ok()) {
+    return st;
+  }
+  store_
+      ->Update(id,
+               [&](v1::JobStatus& s) {
+                 s.set_resumes(s.resumes() + 1);
+                 s.mutable_progress()->set_step(manifest->step);  // where it continues from
+               })
+      .IgnoreError();
+  Poke();
+  return store_->Get(id);
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& id) {
@@ -128,10 +247,24 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
   }
   runners_[id] = std::thread([this, id, workers = std::move(workers), flag]() mutable {
     auto job = store_->Get(id);
-    absl::Status result = job.ok() ? JobRunner(id, job->spec(), std::move(workers), store_,
-                                               registry_, flag.get(), options_)
-                                         .Run()
-                                   : job.status();
+    // A job with a committed checkpoint (resumed, or running when the
+    // coordinator restarted) continues from its newest valid one.
+    std::optional<Manifest> resume;
+    absl::Status result = job.status();
+    if (job.ok() && !job->checkpoint().manifest().empty()) {
+      std::vector<std::string> skipped;
+      auto m = NewestValidManifest(CheckpointDirOf(*job), id, &skipped);
+      for (const auto& why : skipped) {
+        LogError(ForJob(id), absl::StrCat("skipped a damaged checkpoint: ", why));
+      }
+      if (m.ok()) resume = std::move(*m);
+      result = m.status();
+    }
+    if (result.ok()) {
+      result = JobRunner(id, job->spec(), std::move(workers), store_, registry_, flag.get(),
+                         options_, resume ? &*resume : nullptr)
+                   .Run();
+    }
     registry_->Release(id);
     if (result.ok()) {
       store_->UpdateState(id, v1::SUCCEEDED, "").IgnoreError();

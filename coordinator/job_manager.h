@@ -33,8 +33,18 @@ class JobManager {
   // PENDING -> CANCELLED at once; RUNNING -> CANCELLED once its runner stops
   // (within a second). FAILED_PRECONDITION for a job that already ended.
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& id);
+  // FAILED or CANCELLED -> PENDING; when it runs it continues from its newest
+  // valid checkpoint (step count, learning rates, data position, results).
+  // FAILED_PRECONDITION for a job in another state or without a checkpoint.
+  absl::StatusOr<v1::JobStatus> Resume(const std::string& id);
   // Wakes the scheduler (a worker registered or became idle).
   void Poke();
+  // The trained model of job `id` from its checkpoint after step `step`
+  // (0: the newest that verifies; a damaged newer one is skipped with a log
+  // line and counted in the job's checkpoint.skipped). NOT_FOUND for an
+  // unknown job, FAILED_PRECONDITION when it has no committed checkpoint,
+  // DATA_LOSS naming the file when the asked-for one does not verify.
+  absl::StatusOr<v1::ExportModelResponse> Export(const std::string& id, int64_t step);
 
  private:
   void SchedulerLoop();

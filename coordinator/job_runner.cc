@@ -6,12 +6,13 @@
 #include <deque>
 #include <mutex>
 #include <numeric>
-#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "google/protobuf/util/json_util.h"
+#include "pipeline/checkpoint.h"
 #include "pipeline/data.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/model_plan.h"
@@ -19,6 +20,7 @@
 #include "pipeline/pipemare_math.h"
 #include "pipeline/schedule.h"
 #include "pipeline/tensor_codec.h"
+#include "pipeline/training.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
 
 namespace pipemare {
@@ -28,14 +30,15 @@ using FeedStream = grpc::ClientReaderWriter<v1::StageMessage, v1::StageMessage>;
 
 JobRunner::JobRunner(std::string job_id, v1::JobSpec spec, std::vector<v1::WorkerInfo> workers,
                      JobStore* store, WorkerRegistry* registry, const std::atomic<bool>* cancel,
-                     RunnerOptions options)
+                     RunnerOptions options, const Manifest* resume)
     : job_id_(std::move(job_id)),
       spec_(std::move(spec)),
       workers_(std::move(workers)),
       store_(store),
       registry_(registry),
       cancel_(cancel),
-      options_(options) {}
+      options_(options),
+      resume_(resume) {}
 
 class JobRunner::Impl {
  public:
@@ -79,6 +82,14 @@ class JobRunner::Impl {
   void Handle(const FeedEvent& e);
   void Publish(bool force);
   void PollStages();
+  // Checkpoints: asks every stage which cut it has written last; when all
+  // have written the same one, newer than the last committed, verifies the
+  // files and commits its manifest (pipeline/checkpoint.h). Returns a
+  // stage's write error, if any.
+  absl::Status PollCheckpoints();
+  // The end of the job: waits (bounded) until the cut after the last step
+  // is committed.
+  absl::Status CommitFinalCheckpoint();
   std::string StageLabel(int i) const {
     return absl::StrCat("stage ", i, " (worker ", r_.workers_[i].id(), " at ",
                         r_.workers_[i].address(), ")");
@@ -116,6 +127,14 @@ class JobRunner::Impl {
   Clock::time_point last_event_ = Clock::now();
   Clock::time_point last_publish_;
   Clock::time_point job_start_ = Clock::now();
+  // Checkpoints.
+  std::string checkpoint_dir_;
+  std::vector<StageRange> ranges_;
+  std::string manifest_spec_json_;  // the resolved spec, as the manifest keeps it
+  std::string input_json_;          // the input's shape and normalisation
+  int64_t committed_step_ = 0;
+  int32_t committed_ = 0;
+  Clock::time_point last_checkpoint_poll_;
 };
 
 absl::Status JobRunner::Run() {
@@ -214,7 +233,14 @@ void JobRunner::Impl::ReleaseStages() {
     req.set_job_id(r_.job_id_);
     v1::ReleaseStageResponse resp;
     auto ctx = ContextWithDeadline(3);
-    stubs_[i]->ReleaseStage(ctx.get(), req, &resp);
+    grpc::Status st = stubs_[i]->ReleaseStage(ctx.get(), req, &resp);
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      // Dead or cut off: not idle for the next job (or this one's resume)
+      // until it heartbeats again.
+      r_.registry_->MarkUnreachable(r_.workers_[i].id());
+      LogWarning(ForJob(r_.job_id_), absl::StrCat(StageLabel(i), " is unreachable (",
+                                                  st.error_message(), "); marked LOST"));
+    }
   }
 }
 
@@ -284,6 +310,12 @@ void JobRunner::Impl::Handle(const FeedEvent& e) {
 absl::Status JobRunner::Impl::WaitUntil(const std::function<bool()>& done) {
   while (!done()) {
     if (r_.cancel_->load()) return absl::CancelledError("cancelled by the user");
+    // A cut is due: commit it once every stage has written it.
+    const int64_t every = spec_.checkpoint().every_steps();
+    if (every > 0 && Clock::now() - last_checkpoint_poll_ > std::chrono::milliseconds(250) &&
+        train_done_ / spec_.schedule().microbatches_per_step() >= committed_step_ + every) {
+      if (auto st = PollCheckpoints(); !st.ok()) return st;
+    }
     FeedEvent e;
     bool got = false;
     {
@@ -372,6 +404,86 @@ void JobRunner::Impl::PollStages() {
                  })
         .IgnoreError();
   }
+}
+
+absl::Status JobRunner::Impl::PollCheckpoints() {
+  last_checkpoint_poll_ = Clock::now();
+  std::vector<v1::CheckpointWritten> written(P_);
+  for (int i = 0; i < P_; ++i) {
+    v1::StageStatusRequest req;
+    req.set_job_id(r_.job_id_);
+    v1::StageStatusResponse resp;
+    auto ctx = ContextWithDeadline(3);
+    if (!stubs_[i]->GetStageStatus(ctx.get(), req, &resp).ok()) return absl::OkStatus();
+    if (!resp.checkpoint().error().empty()) {
+      return absl::UnavailableError(absl::StrCat(
+          StageLabel(i), " could not write its checkpoint: ", resp.checkpoint().error(),
+          "; check checkpoint.dir (", checkpoint_dir_, ") is writable from every worker"));
+    }
+    written[i] = resp.checkpoint();
+  }
+  const int64_t step = written[0].step();
+  for (const auto& w : written) {
+    if (w.step() != step) return absl::OkStatus();  // a cut still being written
+  }
+  if (step <= committed_step_) return absl::OkStatus();
+  const int N = spec_.schedule().microbatches_per_step();
+  Manifest m;
+  m.job = r_.job_id_;
+  m.step = step;
+  m.microbatch = step * N;
+  m.epoch = step / steps_per_epoch_ + 1;
+  m.index_in_epoch = (step % steps_per_epoch_) * N * spec_.schedule().microbatch_size();
+  m.seed = spec_.train().seed();
+  for (const auto& r : ranges_) m.stages.push_back({r.first_unit, r.units});
+  m.spec_json = manifest_spec_json_;
+  m.input_json = input_json_;
+  for (const auto& w : written) {
+    for (const auto& f : w.files()) m.files.push_back({f.unit(), f.path(), f.bytes(), f.sha256()});
+  }
+  const auto start = Clock::now();
+  if (auto st = CommitManifest(checkpoint_dir_, m, spec_.checkpoint().keep()); !st.ok()) {
+    // A damaged cut is not committed; the previous one stays "latest".
+    LogError(ForJob(r_.job_id_),
+             absl::StrCat("checkpoint at step ", step, " not committed: ", st.message()));
+    return absl::OkStatus();
+  }
+  committed_step_ = step;
+  ++committed_;
+  const std::string manifest =
+      CheckpointStepDir(checkpoint_dir_, r_.job_id_, step) + "/manifest.json";
+  LogInfo(
+      ForJob(r_.job_id_),
+      absl::StrCat("checkpoint committed at step ", step, " (microbatch ", m.microbatch, ", ",
+                   m.files.size(), " units, verified in ",
+                   std::chrono::duration<double>(Clock::now() - start).count(), " s): ", manifest));
+  r_.store_
+      ->Update(r_.job_id_,
+               [&](v1::JobStatus& s) {
+                 s.mutable_checkpoint()->set_step(step);
+                 s.mutable_checkpoint()->set_manifest(manifest);
+                 s.mutable_checkpoint()->set_committed(committed_);
+               })
+      .IgnoreError();
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Impl::CommitFinalCheckpoint() {
+  const auto deadline =
+      Clock::now() + std::chrono::duration<double>(r_.options_.final_checkpoint_timeout_seconds);
+  while (committed_step_ < total_steps_) {
+    if (r_.cancel_->load()) return absl::CancelledError("cancelled by the user");
+    if (auto st = PollCheckpoints(); !st.ok()) return st;
+    if (committed_step_ >= total_steps_) break;
+    if (Clock::now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the stages did not all write the final checkpoint (step ", total_steps_, ") to ",
+          checkpoint_dir_, " within ", r_.options_.final_checkpoint_timeout_seconds,
+          " s; check that checkpoint.dir is the same shared directory on every worker"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::vector<double>>> JobRunner::Impl::Profile(const ModelPlan& plan) {
@@ -509,7 +621,66 @@ absl::Status JobRunner::Impl::Run() {
   *resolved.mutable_model() = plan->model;
   auto assignments = ResolveStageAssignments(resolved, r_.job_id_, steps_per_epoch_, &*ranges);
   if (!assignments.ok()) return assignments.status();
+  ranges_ = *ranges;
+  checkpoint_dir_ =
+      spec_.checkpoint().dir().empty() ? r_.options_.checkpoint_dir : spec_.checkpoint().dir();
+  {
+    google::protobuf::util::JsonPrintOptions json;
+    json.preserve_proto_field_names = true;  // as the spec files spell them
+    // Cannot fail for a valid message; an empty spec would only leave the
+    // manifest without it.
+    (void)google::protobuf::util::MessageToJsonString(resolved, &manifest_spec_json_, json);
+  }
+  {
+    std::string shape, channels;
+    for (int64_t dim : plan->input.shape) absl::StrAppend(&shape, shape.empty() ? "" : ",", dim);
+    for (const auto& c : data->channels) {
+      absl::StrAppend(&channels, channels.empty() ? "" : ",", "{\"mean\":", c.mean,
+                      ",\"std\":", c.std, "}");
+    }
+    input_json_ =
+        absl::StrCat("{\"shape\":[", shape, "],\"tokens\":", plan->input.tokens ? "true" : "false",
+                     ",\"normalisation\":[", channels, "]}");
+  }
+  const Manifest* resume = r_.resume_;
+  if (resume != nullptr) {
+    if (resume->step >= total_steps_ || resume->step < 0) {
+      return absl::FailedPreconditionError(absl::StrCat("the checkpoint at step ", resume->step,
+                                                        " is not inside this job's ", total_steps_,
+                                                        " steps"));
+    }
+    committed_step_ = resume->step;
+    train_done_ = resume->step * N;
+    LogInfo(ForJob(r_.job_id_),
+            absl::StrCat("resuming from the checkpoint at step ", resume->step, " (microbatch ",
+                         resume->microbatch, ", epoch ", resume->epoch, ", example ",
+                         resume->index_in_epoch, " of its order)"));
+    r_.store_
+        ->Update(r_.job_id_,
+                 [&](v1::JobStatus& s) {
+                   s.set_resumed_from_step(resume->step);
+                   committed_ = s.checkpoint().committed();
+                   // Results after the cut are trained again.
+                   auto* epochs = s.mutable_epochs();
+                   while (!epochs->empty() && epochs->rbegin()->epoch() >= resume->epoch) {
+                     epochs->RemoveLast();
+                   }
+                 })
+        .IgnoreError();
+  }
   for (auto& a : *assignments) {
+    a.set_checkpoint_dir(checkpoint_dir_);
+    if (resume != nullptr) {
+      a.set_start_step(resume->step);
+      for (const auto& f : resume->files) {
+        if (f.unit < a.first_unit() || f.unit >= a.first_unit() + a.units()) continue;
+        auto* file = a.add_restore();
+        file->set_unit(f.unit);
+        file->set_path(f.path);
+        file->set_bytes(f.bytes);
+        file->set_sha256(f.sha256);
+      }
+    }
     for (int64_t dim : plan->units[a.first_unit()].in.shape) a.add_input_shape(dim);
     a.set_token_input(plan->units[a.first_unit()].in.tokens);
     a.set_torchscript(plan->torchscript);
@@ -531,29 +702,22 @@ absl::Status JobRunner::Impl::Run() {
     ReleaseStages();
     return st;
   }
-  // Asynchronous 1F1B keeps P microbatches in flight, plus one prefetched so
-  // that stage 0 never waits a round trip to the coordinator for its next
-  // input. gpipe (and a warm-up) keeps one step (N) in flight plus the next
-  // step's N prefetched: each stage's plan already runs a step's N forwards
-  // only after the previous step's update, so the coordinator need not flush
-  // (and its round trip stays off the critical path).
   const bool gpipe = sched.type() == "gpipe";
-  const int64_t eval_mbs = std::max<int64_t>(mbs, 256);
+  const int64_t eval_mbs = EvalMicrobatchSize(mbs);
   uint64_t next_id = 1;
   Publish(true);
-  for (epoch_ = 1; epoch_ <= spec_.train().epochs() && st.ok(); ++epoch_) {
-    std::vector<int64_t> order(train->count);
-    std::iota(order.begin(), order.end(), 0);
-    if (spec_.train().shuffle()) {
-      std::mt19937_64 rng(static_cast<uint64_t>(spec_.train().seed()) * 7919 + epoch_);
-      std::shuffle(order.begin(), order.end(), rng);
-    }
+  const int64_t first_epoch = resume != nullptr ? resume->step / steps_per_epoch_ + 1 : 1;
+  for (epoch_ = first_epoch; epoch_ <= spec_.train().epochs() && st.ok(); ++epoch_) {
+    const std::vector<int64_t> order = EpochOrder(train->count, spec_.train(), epoch_);
+    // The first epoch after a resume starts at the cut's data position.
+    const int64_t first_j =
+        resume != nullptr && epoch_ == first_epoch ? (resume->step % steps_per_epoch_) * N : 0;
     epoch_loss_ = 0;
     epoch_loss_count_ = 0;
     epoch_train_start_ = Clock::now();
     const auto epoch_start = epoch_train_start_;
     const int64_t microbatches = steps_per_epoch_ * N;
-    for (int64_t j = 0; j < microbatches && st.ok(); ++j) {
+    for (int64_t j = first_j; j < microbatches && st.ok(); ++j) {
       const int64_t step = (epoch_ - 1) * steps_per_epoch_ + j / N;
       const bool sync = gpipe || step < warmup_steps;
       if (!gpipe && warmup_steps > 0 && step == warmup_steps && j % N == 0) {
@@ -561,7 +725,7 @@ absl::Status JobRunner::Impl::Run() {
                 absl::StrCat("synchronous warm-up done after ", warmup_steps,
                              " steps; switching to asynchronous ", sched.type()));
       }
-      const int64_t window = sync ? 2 * N : P_ + 1;
+      const int64_t window = InFlightWindow(sync, P_, N);
       st = WaitUntil([&] { return in_flight_ < window; });
       if (st.ok()) st = SendMicrobatch(*train, order, j * mbs, mbs, next_id++, v1::TRAIN);
       if (st.ok()) ++in_flight_;
@@ -620,6 +784,9 @@ absl::Status JobRunner::Impl::Run() {
     }
   }
   epoch_ = std::min(epoch_, spec_.train().epochs());
+  // The trained model: the cut after the last step, committed before the
+  // stages are released.
+  if (st.ok()) st = CommitFinalCheckpoint();
   Publish(true);
   CloseFeeds();
   ReleaseStages();

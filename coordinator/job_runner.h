@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "coordinator/job_store.h"
 #include "coordinator/worker_registry.h"
+#include "pipeline/checkpoint.h"
 
 namespace pipemare {
 
@@ -24,13 +25,20 @@ struct RunnerOptions {
   double stall_timeout_seconds = 120;
   // Publish progress at most this often.
   double publish_interval_seconds = 0.25;
+  // Where checkpoints go when the spec names no checkpoint.dir.
+  std::string checkpoint_dir = "checkpoints";
+  // How long the end of a job waits for every stage to write its last cut.
+  double final_checkpoint_timeout_seconds = 120;
 };
 
 class JobRunner {
  public:
+  // `resume` (optional, not owned): a verified checkpoint of this job to
+  // continue from: every stage restores its units from it, and step count,
+  // learning rates, data position and results continue after its step.
   JobRunner(std::string job_id, v1::JobSpec spec, std::vector<v1::WorkerInfo> workers,
             JobStore* store, WorkerRegistry* registry, const std::atomic<bool>* cancel,
-            RunnerOptions options);
+            RunnerOptions options, const Manifest* resume = nullptr);
 
   // Runs the job to its end and returns how it ended: OK (SUCCEEDED),
   // CANCELLED, or an error whose message is the user-facing reason. Releases
@@ -46,6 +54,7 @@ class JobRunner {
   WorkerRegistry* registry_;
   const std::atomic<bool>* cancel_;
   RunnerOptions options_;
+  const Manifest* resume_;
 };
 
 }  // namespace pipemare

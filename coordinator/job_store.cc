@@ -31,6 +31,20 @@ int64_t IdNumber(const std::string& id) {
 }
 }  // namespace
 
+bool CanMove(v1::JobState from, v1::JobState to) {
+  switch (from) {
+    case v1::PENDING:
+      return to == v1::RUNNING || to == v1::CANCELLED;
+    case v1::RUNNING:
+      return to == v1::SUCCEEDED || to == v1::FAILED || to == v1::CANCELLED;
+    case v1::FAILED:
+    case v1::CANCELLED:
+      return to == v1::PENDING;  // resume, from the newest checkpoint
+    default:
+      return false;
+  }
+}
+
 JobStore::JobStore(std::string state_dir) : state_dir_(std::move(state_dir)) {
   if (state_dir_.empty()) return;
   namespace fs = std::filesystem;
@@ -47,10 +61,20 @@ JobStore::JobStore(std::string state_dir) : state_dir_(std::move(state_dir)) {
       LogWarning(absl::StrCat("ignoring unreadable job file ", file.path().string()));
       continue;
     }
-    if (status.state() == v1::RUNNING) {
+    if (status.state() == v1::RUNNING && !status.checkpoint().manifest().empty()) {
+      // It continues from its newest checkpoint once its workers are back.
+      status.set_state(v1::PENDING);
+      status.set_reason(
+          "the coordinator restarted while this job was running; it resumes from "
+          "its newest checkpoint");
+      status.set_resumes(status.resumes() + 1);
+      status.mutable_progress()->set_step(status.checkpoint().step());
+      LogInfo(ForJob(status.id()), status.reason());
+    } else if (status.state() == v1::RUNNING) {
       status.set_state(v1::FAILED);
       status.set_reason(
-          "the coordinator stopped while this job was running; resubmit it to run again");
+          "the coordinator stopped while this job was running, before its first checkpoint; "
+          "resubmit it to run again");
       status.set_finished_unix_ms(NowUnixMs());
     }
     next_id_ = std::max(next_id_, IdNumber(status.id()) + 1);
@@ -127,9 +151,12 @@ absl::Status JobStore::UpdateState(const std::string& id, v1::JobState state,
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   v1::JobStatus& s = it->second.status;
-  if (IsTerminal(s.state())) {
+  if (!CanMove(s.state(), state)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("job ", id, " already ended ", v1::JobState_Name(s.state())));
+        IsTerminal(s.state())
+            ? absl::StrCat("job ", id, " already ended ", v1::JobState_Name(s.state()))
+            : absl::StrCat("job ", id, " cannot go from ", v1::JobState_Name(s.state()), " to ",
+                           v1::JobState_Name(state)));
   }
   LogInfo(ForJob(id), absl::StrCat(v1::JobState_Name(s.state()), " -> ", v1::JobState_Name(state),
                                    reason.empty() ? "" : ": ", reason));
@@ -137,6 +164,7 @@ absl::Status JobStore::UpdateState(const std::string& id, v1::JobState state,
   s.set_reason(reason);
   if (state == v1::RUNNING && s.started_unix_ms() == 0) s.set_started_unix_ms(NowUnixMs());
   if (IsTerminal(state)) s.set_finished_unix_ms(NowUnixMs());
+  if (state == v1::PENDING) s.set_finished_unix_ms(0);  // resumed
   ++it->second.version;
   Persist(s);
   cv_.notify_all();

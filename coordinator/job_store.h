@@ -2,8 +2,10 @@
 // for changes, optionally persisted as one JSON file per job in a state
 // directory (so a restarted coordinator still answers for past jobs).
 //
-// Job lifecycle (UpdateState is its only mutator; see JobState in the proto):
-//   PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED;  PENDING -> CANCELLED
+// Job lifecycle (UpdateState is its only mutator; CanMove is its table; see
+// JobState in the proto):
+//   PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED;  PENDING -> CANCELLED;
+//   FAILED | CANCELLED -> PENDING (resume from the newest checkpoint)
 //
 // Thread-safe.
 #ifndef PIPEMARE_COORDINATOR_JOB_STORE_H_
@@ -23,13 +25,16 @@
 namespace pipemare {
 
 bool IsTerminal(v1::JobState state);
+// Whether the lifecycle allows `from` -> `to`.
+bool CanMove(v1::JobState from, v1::JobState to);
 int64_t NowUnixMs();
 
 class JobStore {
  public:
   // `state_dir` empty = memory only. Loads jobs found there: a job that was
-  // RUNNING when the previous coordinator stopped becomes FAILED (the run is
-  // lost); PENDING jobs stay PENDING and will run.
+  // RUNNING when the previous coordinator stopped goes back to PENDING and
+  // resumes from its newest checkpoint when it runs (FAILED if it had none);
+  // PENDING jobs stay PENDING and will run.
   explicit JobStore(std::string state_dir);
 
   // Stores a new PENDING job for `spec` and returns its status.
@@ -39,7 +44,7 @@ class JobStore {
   // PENDING job ids, oldest first.
   std::vector<std::string> Pending() const;
 
-  // Moves a job along its lifecycle; refuses to leave a terminal state
+  // Moves a job along its lifecycle; refuses a move CanMove does not allow
   // (FAILED_PRECONDITION). Stamps start/finish times.
   absl::Status UpdateState(const std::string& id, v1::JobState state, const std::string& reason);
   // Changes anything but the state (progress, metrics, stages).

@@ -24,6 +24,11 @@ int main(int argc, char** argv) {
   app.add_option("--address-file", address_file,
                  "write the bound host:port here once serving (for launchers)");
   app.add_option("--state-dir", state_dir, "keep job records here across restarts");
+  std::string checkpoint_dir;
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "checkpoints of jobs whose spec names no checkpoint.dir (default: STATE_DIR/"
+                 "checkpoints, or ./pipemare-checkpoints without --state-dir); a directory "
+                 "every worker reaches at the same path");
   app.add_option("--worker-timeout", worker_timeout,
                  "seconds without a heartbeat before a worker is LOST")
       ->check(CLI::PositiveNumber);
@@ -54,6 +59,10 @@ int main(int argc, char** argv) {
       std::chrono::milliseconds(static_cast<int64_t>(worker_timeout * 1000)));
   pipemare::RunnerOptions options;
   options.stall_timeout_seconds = stall_timeout;
+  options.checkpoint_dir = !checkpoint_dir.empty() ? checkpoint_dir
+                           : !state_dir.empty()    ? state_dir + "/checkpoints"
+                                                   : "pipemare-checkpoints";
+  options.checkpoint_dir = std::filesystem::absolute(options.checkpoint_dir).string();
   auto manager = std::make_unique<pipemare::JobManager>(&store, &registry, options);
   pipemare::CoordinatorService service(&store, &registry, manager.get(),
                                        static_cast<int64_t>(heartbeat_interval * 1000));

@@ -131,4 +131,17 @@ bool WorkerRegistry::IsLost(const std::string& worker_id) const {
   return it == workers_.end() || it->second.info.state() == v1::LOST;
 }
 
+void WorkerRegistry::MarkUnreachable(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.info.state() == v1::LOST) return;
+  it->second.info.set_state(v1::LOST);
+  ++unreachable_;
+}
+
+int64_t WorkerRegistry::Unreachable() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return unreachable_;
+}
+
 }  // namespace pipemare

@@ -43,8 +43,12 @@ class WorkerRegistry {
   // Returns the job's BUSY workers to IDLE.
   void Release(const std::string& job_id);
   bool IsLost(const std::string& worker_id) const;
+  // Marks a worker LOST now (it refused a connection): it gets no new stage
+  // until it heartbeats again and registers anew.
+  void MarkUnreachable(const std::string& worker_id);
   // How many times, in all, a worker went LOST for missing heartbeats.
   int64_t HeartbeatMisses() const;
+  int64_t Unreachable() const;  // MarkUnreachable calls that found a live entry
 
  private:
   struct Entry {
@@ -56,6 +60,7 @@ class WorkerRegistry {
   mutable std::mutex mu_;
   std::map<std::string, Entry> workers_;  // GUARDED_BY(mu_)
   int64_t heartbeat_misses_ = 0;          // GUARDED_BY(mu_)
+  int64_t unreachable_ = 0;               // GUARDED_BY(mu_)
   int64_t next_id_ = 1;
 };
 

@@ -138,6 +138,7 @@ absl::StatusOr<Data> LoadIdxData(const v1::DataSpec& d) {
   out.info =
       IdxDataInfo(d, ds->train.rows, ds->train.cols, ds->classes, ds->train.count, ds->test.count);
   const Normalisation n = ds->normalisation;
+  out.channels = {n};
   if (d.type() == "mnist") {
     out.normalisation = absl::StrCat("mean ", n.mean, " std ", n.std, " (MNIST's)");
   } else if (n.mean == 0 && n.std == 1) {
@@ -362,12 +363,14 @@ absl::StatusOr<Data> LoadCifar(const v1::DataSpec& d) {
   out.test = std::move(*test);
   if (d.has_normalize() && !d.normalize()) {
     out.normalisation = "none (pixel / 255)";
+    out.channels.assign(kCifarShape[0], Normalisation{});
   } else {
     const int64_t channels = kCifarShape[0], plane = kCifarImageBytes / channels;
     const std::vector<Normalisation> stats =
         ChannelStats(out.train.inputs, out.train.count, channels, plane);
     NormaliseChannels(out.train.inputs, out.train.count, stats, plane);
     NormaliseChannels(out.test.inputs, out.test.count, stats, plane);
+    out.channels = stats;
     auto join = [&](float Normalisation::*field) {
       return absl::StrJoin(stats, ", ", [&](std::string* o, const Normalisation& n) {
         absl::StrAppend(o, n.*field);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "pipeline/mnist.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
@@ -86,6 +87,10 @@ struct Data {
   // 0.447] std [0.247, 0.243, 0.262] (training pixels)", "mean 0.1307 std
   // 0.3081 (MNIST's)", "none (pixel / 255)"; empty for text.
   std::string normalisation;
+  // The same as numbers, per channel: pixel byte p became (p / 255 - mean) /
+  // std (exported with the model, so that it can be used outside). Empty
+  // for text.
+  std::vector<Normalisation> channels;
 };
 
 // Loads a job's data (data.type idx, mnist, cifar or text):

@@ -1,6 +1,8 @@
 #include "pipeline/harness.h"
 
+#include <deque>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/job_spec.h"
@@ -19,7 +21,10 @@ absl::StatusOr<std::unique_ptr<PipelineHarness>> PipelineHarness::Create(const v
       return absl::Status(runtime.status().code(),
                           absl::StrCat("stage ", a.stage(), ": ", runtime.status().message()));
     }
+    auto executor = StageExecutor::Create(a, runtime->get());
+    if (!executor.ok()) return executor.status();
     h->runtimes_.push_back(std::move(*runtime));
+    h->executors_.push_back(std::move(*executor));
   }
   h->assignments_ = std::move(*assignments);
   return h;
@@ -30,80 +35,96 @@ absl::StatusOr<std::vector<double>> PipelineHarness::TrainEpoch(
     const std::function<void(const Action&)>& after_action) {
   const v1::StageAssignment& a0 = assignments_.front();
   const int P = stages();
-  const int64_t first_step = runtimes_.front()->Stats().steps;
-  auto plan = BuildPlan({a0.schedule().type(), P, a0.schedule().microbatches_per_step(),
-                         a0.steps_per_epoch(), first_step, a0.warmup_steps()});
-  if (!plan.ok()) return plan.status();
-  if (auto st = ValidatePlan(*plan); !st.ok()) return st;
-  const size_t M =
-      static_cast<size_t>(a0.steps_per_epoch() * a0.schedule().microbatches_per_step());
+  // A whole epoch, or the rest of one after a restored cut.
+  const int64_t steps =
+      a0.steps_per_epoch() - runtimes_.front()->Stats().steps % a0.steps_per_epoch();
+  const size_t M = static_cast<size_t>(steps * a0.schedule().microbatches_per_step());
   if (inputs.size() != M || targets.size() != M) {
     return absl::InvalidArgumentError(absl::StrCat("an epoch takes ", M, " microbatches; got ",
                                                    inputs.size(), " inputs and ", targets.size(),
                                                    " targets"));
   }
+  // Microbatch ids are unique across epochs; plan index k is id base_id + k - 1.
   const uint64_t base_id = next_id_;
   next_id_ += M;
-  // The queues: what stage i has received and not yet used, by microbatch.
-  std::vector<std::map<int64_t, torch::Tensor>> activations(P), gradients(P);
+  auto index_of = [&](uint64_t id) { return static_cast<size_t>(id - base_id); };
+  // The queues: activations stage i has received, in arrival order, and
+  // gradients by microbatch id.
+  std::vector<std::deque<std::pair<uint64_t, torch::Tensor>>> activations(P);
+  std::vector<std::map<uint64_t, torch::Tensor>> gradients(P);
   std::vector<double> losses(M, 0);
-  std::vector<size_t> next(P, 0);
+  std::vector<size_t> fed(P, 0);  // forwards each stage has run this epoch
+  auto stage_error = [](int i, const absl::Status& st) {
+    return absl::Status(st.code(), absl::StrCat("stage ", i, ": ", st.message()));
+  };
   for (bool progress = true; progress;) {
     progress = false;
     for (int i = 0; i < P; ++i) {
-      StageRuntime& rt = *runtimes_[i];
-      const auto& actions = plan->actions[i];
-      while (next[i] < actions.size()) {
-        const Action& act = actions[next[i]];
-        const uint64_t id = base_id + static_cast<uint64_t>(act.index) - 1;
-        if (act.op == Action::Op::kForward) {
-          torch::Tensor x;
-          if (i == 0) {
-            x = inputs[act.index - 1];
+      StageExecutor& ex = executors_[i];
+      for (;;) {
+        auto local = ex.RunLocal();
+        if (!local.ok()) return stage_error(i, local.status());
+        StageExecutor::Output out;
+        if (local->has_value()) {
+          out = std::move(**local);
+        } else {
+          const StageExecutor::Next next = ex.Peek();
+          if (next.action.op == Action::Op::kForward) {
+            if (fed[i] == M) break;  // the epoch is done here
+            uint64_t id;
+            torch::Tensor x;
+            if (i == 0) {
+              id = base_id + fed[0];
+              x = inputs[fed[0]];
+            } else {
+              if (activations[i].empty()) break;  // not received yet
+              std::tie(id, x) = std::move(activations[i].front());
+              activations[i].pop_front();
+            }
+            ++fed[i];
+            auto f = ex.Forward(id, x, i + 1 == P ? targets[index_of(id)] : torch::Tensor());
+            if (!f.ok()) return stage_error(i, f.status());
+            out = std::move(*f);
           } else {
-            auto it = activations[i].find(act.index);
-            if (it == activations[i].end()) break;  // not received yet
-            x = it->second;
-            activations[i].erase(it);
-          }
-          if (rt.is_last()) {
-            auto r = rt.ForwardLoss(id, x, targets[act.index - 1], true);
-            if (!r.ok()) return r.status();
-            losses[act.index - 1] = r->loss;
-          } else {
-            auto out = rt.Forward(id, x, true);
-            if (!out.ok()) return out.status();
-            activations[i + 1][act.index] = *out;
-          }
-        } else if (act.op == Action::Op::kBackward) {
-          torch::Tensor grad;
-          if (!rt.is_last()) {
-            auto it = gradients[i].find(act.index);
-            if (it == gradients[i].end()) break;
-            grad = it->second;
+            auto it = gradients[i].find(next.microbatch);
+            if (it == gradients[i].end()) break;  // not received yet
+            torch::Tensor grad = std::move(it->second);
             gradients[i].erase(it);
+            auto b = ex.Backward(next.microbatch, grad);
+            if (!b.ok()) return stage_error(i, b.status());
+            out = std::move(*b);
           }
-          auto grad_input = rt.Backward(id, grad);
-          if (!grad_input.ok()) return grad_input.status();
-          if (i > 0) gradients[i - 1][act.index] = *grad_input;
-        } else if (rt.Stats().steps != first_step + act.index) {
-          return absl::InternalError(absl::StrCat("stage ", i, ": the plan's ", FormatAction(act),
-                                                  " but the runtime has applied ", rt.Stats().steps,
-                                                  " steps"));
         }
-        ++next[i];
+        if (out.loss) losses[index_of(out.microbatch)] = out.loss->loss;
+        if (out.snapshot) cuts_[out.snapshot->step].push_back(out.snapshot);
+        if (out.action.op == Action::Op::kForward && i + 1 < P) {
+          activations[i + 1].emplace_back(out.microbatch, out.tensor);
+        }
+        if (out.action.op == Action::Op::kBackward && i > 0) {
+          gradients[i - 1][out.microbatch] = out.tensor;
+        }
+        if (after_action) after_action(out.action);
         progress = true;
-        if (after_action) after_action(act);
       }
     }
   }
   for (int i = 0; i < P; ++i) {
-    if (next[i] < plan->actions[i].size()) {
+    if (!executors_[i].between_epochs() || fed[i] != M) {
       return absl::InternalError(
-          absl::StrCat("stage ", i, " stalled at ", FormatAction(plan->actions[i][next[i]])));
+          absl::StrCat("stage ", i, " stalled at ", FormatAction(executors_[i].Peek().action)));
     }
   }
   return losses;
+}
+
+std::vector<UnitState> PipelineHarness::Cut(int64_t step) const {
+  std::vector<UnitState> units;
+  auto it = cuts_.find(step);
+  if (it == cuts_.end()) return units;
+  for (const auto& snapshot : it->second) {
+    units.insert(units.end(), snapshot->units.begin(), snapshot->units.end());
+  }
+  return units;
 }
 
 }  // namespace pipemare

@@ -238,6 +238,7 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (s->microbatch_size() == 0) s->set_microbatch_size(64);
   if (s->microbatches_per_step() == 0) s->set_microbatches_per_step(1);
   if (!spec.train().has_shuffle()) spec.mutable_train()->set_shuffle(true);
+  if (spec.checkpoint().keep() == 0) spec.mutable_checkpoint()->set_keep(3);
 }
 
 const std::vector<std::string>& ModelTypes() {
@@ -657,6 +658,17 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   const auto& t = spec.train();
   if (t.epochs() < 1 || t.epochs() > 100000)
     return Bad("train.epochs", "required, an integer in 1..100000");
+  // checkpoint
+  const auto& c = spec.checkpoint();
+  if (c.every_steps() < 0) {
+    return Bad("checkpoint.every_steps", "must be >= 0 (0: only after the last step)");
+  }
+  if (c.keep() < 0 || c.keep() > 1000) {
+    return Bad("checkpoint.keep", "must be in 1..1000 (newest checkpoints kept; default 3)");
+  }
+  if (c.dir().size() > 4096 || c.dir().find('\0') != std::string::npos) {
+    return Bad("checkpoint.dir", "must be a path of at most 4096 bytes");
+  }
   return absl::OkStatus();
 }
 
@@ -696,6 +708,8 @@ absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(
     a.set_warmup_steps(warmup_steps);
     a.set_steps_per_epoch(steps_per_epoch);
     a.set_total_steps(steps_per_epoch * spec.train().epochs());
+    a.set_checkpoint_every_steps(spec.checkpoint().every_steps());
+    a.set_checkpoint_dir(spec.checkpoint().dir());
     out.push_back(std::move(a));
   }
   return out;

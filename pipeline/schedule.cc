@@ -29,7 +29,7 @@ std::string FormatAction(const Action& a) {
   return absl::StrCat(a.stage, std::string(1, op), a.index);
 }
 
-absl::StatusOr<Plan> BuildPlan(const PlanOptions& o) {
+absl::StatusOr<std::vector<Action>> BuildStagePlan(const PlanOptions& o, int stage) {
   static const std::set<std::string> kSchedules = {"gpipe", "pipemare", "pipedream", "async"};
   if (!kSchedules.count(o.schedule)) {
     return Bad("schedule.type", absl::StrCat("'", o.schedule,
@@ -37,43 +37,52 @@ absl::StatusOr<Plan> BuildPlan(const PlanOptions& o) {
                                              "pipedream, async"));
   }
   if (o.stages < 1) return Bad("schedule.stages", "must be >= 1");
+  if (stage < 0 || stage >= o.stages) {
+    return Bad("stage", absl::StrCat(stage, " is not in 0..", o.stages - 1));
+  }
   if (o.microbatches_per_step < 1) return Bad("schedule.microbatches_per_step", "must be >= 1");
   if (o.steps < 1) return Bad("steps", "must be >= 1");
   if (o.first_step < 0 || o.warmup_steps < 0) return Bad("warmup_steps", "must be >= 0");
   const int P = o.stages;
+  const int i = stage;
   const int64_t N = o.microbatches_per_step;
   // Steps [0, sync_steps) of the epoch run synchronously.
   const int64_t sync_steps = o.schedule == "gpipe"
                                  ? o.steps
                                  : std::clamp<int64_t>(o.warmup_steps - o.first_step, 0, o.steps);
+  std::vector<Action> a;
+  int64_t backwards = 0, updates = 0;
+  auto forward = [&](int64_t m) { a.push_back({i, Op::kForward, m}); };
+  auto backward = [&](int64_t m) {
+    a.push_back({i, Op::kBackward, m});
+    if (++backwards % N == 0) a.push_back({i, Op::kUpdate, ++updates});
+  };
+  for (int64_t s = 0; s < sync_steps; ++s) {
+    for (int64_t m = s * N + 1; m <= (s + 1) * N; ++m) forward(m);
+    for (int64_t m = s * N + 1; m <= (s + 1) * N; ++m) backward(m);
+  }
+  // 1F1B: at most P - i forwards outstanding; cool-down after the last.
+  const int64_t last = o.steps * N;
+  const int64_t depth = P - i;
+  int64_t next_f = sync_steps * N + 1, next_b = next_f;
+  while (next_b <= last) {
+    if (next_f <= last && next_f - next_b < depth) {
+      forward(next_f++);
+    } else {
+      backward(next_b++);
+    }
+  }
+  return a;
+}
 
+absl::StatusOr<Plan> BuildPlan(const PlanOptions& o) {
   Plan plan;
-  plan.stages = P;
+  plan.stages = o.stages;
   plan.microbatches_per_step = o.microbatches_per_step;
-  plan.actions.resize(P);
-  for (int i = 0; i < P; ++i) {
-    std::vector<Action>& a = plan.actions[i];
-    int64_t backwards = 0, updates = 0;
-    auto forward = [&](int64_t m) { a.push_back({i, Op::kForward, m}); };
-    auto backward = [&](int64_t m) {
-      a.push_back({i, Op::kBackward, m});
-      if (++backwards % N == 0) a.push_back({i, Op::kUpdate, ++updates});
-    };
-    for (int64_t s = 0; s < sync_steps; ++s) {
-      for (int64_t m = s * N + 1; m <= (s + 1) * N; ++m) forward(m);
-      for (int64_t m = s * N + 1; m <= (s + 1) * N; ++m) backward(m);
-    }
-    // 1F1B: at most P - i forwards outstanding; cool-down after the last.
-    const int64_t last = o.steps * N;
-    const int64_t depth = P - i;
-    int64_t next_f = sync_steps * N + 1, next_b = next_f;
-    while (next_b <= last) {
-      if (next_f <= last && next_f - next_b < depth) {
-        forward(next_f++);
-      } else {
-        backward(next_b++);
-      }
-    }
+  for (int i = 0; i < std::max(o.stages, 1); ++i) {
+    auto actions = BuildStagePlan(o, i);
+    if (!actions.ok()) return actions.status();
+    plan.actions.push_back(std::move(*actions));
   }
   return plan;
 }

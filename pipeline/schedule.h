@@ -62,6 +62,11 @@ struct PlanOptions {
 // INVALID_ARGUMENT naming the field for a bad schedule, P, N or steps.
 absl::StatusOr<Plan> BuildPlan(const PlanOptions& options);
 
+// One stage's actions of BuildPlan(options), built alone (the stage executor
+// builds its own plan lazily, epoch by epoch). INVALID_ARGUMENT as BuildPlan,
+// or for a stage outside 0..P-1.
+absl::StatusOr<std::vector<Action>> BuildStagePlan(const PlanOptions& options, int stage);
+
 // OK if the plan can run: on every stage each microbatch is forwarded once
 // and backwarded once, after its forward; every send has its receive; U
 // follows every N-th backward; and executing the plan with unbounded

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <sstream>
 #include <thread>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/job_spec.h"
@@ -155,6 +157,7 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       t2_gamma_(T2Gamma(a.schedule().discrepancy_decay(), tau_)),
       stashing_(kind == ScheduleKind::kPipeDream && tau_ > 0),
       device_(device),
+      first_unit_(a.first_unit()),
       units_(a.units()),
       virtual_(virtual_device),
       module_(std::move(module)) {
@@ -440,10 +443,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
     stats_.t2_correction_norm = correction;
     stats_.measured_delay = delay_sum_ / static_cast<double>(delay_count_);
   }
-  if (++backwards_since_step_ == microbatches_per_step_) {
-    backwards_since_step_ = 0;
-    Step();
-  }
+  ++backwards_since_step_;
   return grad_input;
 }
 
@@ -469,7 +469,13 @@ torch::Tensor StageRuntime::Recompute(const torch::Tensor& x, const torch::Tenso
   return out;
 }
 
-void StageRuntime::Step() {
+absl::Status StageRuntime::Step() {
+  if (backwards_since_step_ != microbatches_per_step_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", stage_, ": a step after ", backwards_since_step_, " backwards; each step takes ",
+        microbatches_per_step_, " (schedule.microbatches_per_step)"));
+  }
+  backwards_since_step_ = 0;
   const auto start = std::chrono::steady_clock::now();
   int64_t k;
   {
@@ -484,7 +490,12 @@ void StageRuntime::Step() {
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
   // The virtual device has no gradients: its step is counted and T1's rate
   // computed, and nothing else.
-  const double grad_norm = virtual_.enabled ? 0 : ApplyGradients();
+  double grad_norm = 0;
+  if (!virtual_.enabled) {
+    absl::Status st = Guard(absl::StrCat("stage ", stage_, " step").c_str(),
+                            [&] { grad_norm = ApplyGradients(); });
+    if (!st.ok()) return st;
+  }
   std::lock_guard<std::mutex> lock(stats_mu_);
   ++stats_.steps;
   stats_.learning_rate = lr;
@@ -500,6 +511,7 @@ void StageRuntime::Step() {
   stats_.last_step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   UpdateMemoryLocked();
+  return absl::OkStatus();
 }
 
 double StageRuntime::ApplyGradients() {
@@ -535,6 +547,170 @@ torch::Tensor StageRuntime::VirtualBackward(const Saved& saved) {
     zeros = virtual_zeros_.emplace(saved.input.sizes().vec(), torch::zeros_like(saved.input)).first;
   }
   return zeros->second;
+}
+
+namespace {
+
+// The optimizer's key for parameter `p`: a string in LibTorch 1.x, the
+// TensorImpl's address in 2.x.
+template <typename Map>
+typename Map::key_type OptimizerStateKey(const Map&, const torch::Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+}  // namespace
+
+StageSnapshot StageRuntime::Snapshot() const {
+  torch::NoGradGuard no_grad;
+  auto host = [](const torch::Tensor& t) {
+    return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  };
+  StageSnapshot snapshot;
+  snapshot.stage = stage_;
+  snapshot.step = Stats().steps;
+  std::map<const void*, size_t> index;  // parameter -> position in velocity_
+  const auto params = module_->parameters();
+  for (size_t j = 0; j < params.size(); ++j) index[params[j].unsafeGetTensorImpl()] = j;
+  const auto& state = optimizer_->state();
+  int u = first_unit_;
+  for (const auto& child : module_->children()) {
+    UnitState unit;
+    unit.unit = u++;
+    for (const auto& p : child->named_parameters()) {
+      const std::string& name = p.key();
+      unit.tensors.emplace_back("param/" + name, host(p.value()));
+      if (t2_enabled_) {
+        unit.tensors.emplace_back("t2/" + name,
+                                  host(velocity_[index.at(p.value().unsafeGetTensorImpl())]));
+      }
+      auto it = state.find(OptimizerStateKey(state, p.value()));
+      if (it == state.end()) continue;
+      auto add = [&](const char* field, const torch::Tensor& t) {
+        if (t.defined()) unit.tensors.emplace_back("optim/" + name + "/" + field, host(t));
+      };
+      const torch::optim::OptimizerParamState* s = it->second.get();
+      if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+        add("momentum_buffer", sgd->momentum_buffer());
+      } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+        add("step", torch::tensor(static_cast<int64_t>(adam->step()), torch::kInt64));
+        add("exp_avg", adam->exp_avg());
+        add("exp_avg_sq", adam->exp_avg_sq());
+        add("max_exp_avg_sq", adam->max_exp_avg_sq());
+      } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+        add("step", torch::tensor(static_cast<int64_t>(adamw->step()), torch::kInt64));
+        add("exp_avg", adamw->exp_avg());
+        add("exp_avg_sq", adamw->exp_avg_sq());
+        add("max_exp_avg_sq", adamw->max_exp_avg_sq());
+      }
+    }
+    for (const auto& b : child->named_buffers()) {
+      unit.tensors.emplace_back("buffer/" + b.key(), host(b.value()));
+    }
+    snapshot.units.push_back(std::move(unit));
+  }
+  return snapshot;
+}
+
+absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t step) {
+  if (stats_.forwards > 0 || stats_.steps > 0) {
+    return absl::FailedPreconditionError("restore: the stage has already trained");
+  }
+  std::map<int, const UnitState*> by_unit;
+  for (const auto& u : units) by_unit[u.unit] = &u;
+  std::map<const void*, size_t> index;  // parameter -> position in velocity_
+  const auto params = module_->parameters();
+  for (size_t j = 0; j < params.size(); ++j) index[params[j].unsafeGetTensorImpl()] = j;
+  auto& state = optimizer_->state();
+  torch::NoGradGuard no_grad;
+  int u = first_unit_;
+  for (const auto& child : module_->children()) {
+    auto found = by_unit.find(u);
+    if (found == by_unit.end()) {
+      return absl::DataLossError(absl::StrCat("restore: the checkpoint has no unit ", u));
+    }
+    std::map<std::string, torch::Tensor> saved(found->second->tensors.begin(),
+                                               found->second->tensors.end());
+    auto take = [&](const std::string& key, const torch::Tensor& like) -> torch::Tensor {
+      auto it = saved.find(key);
+      if (it == saved.end()) return {};
+      if (!it->second.sizes().equals(like.sizes())) {
+        throw std::invalid_argument(absl::StrCat("unit ", u, " ", key, " is ",
+                                                 c10::str(it->second.sizes()), ", the stage has ",
+                                                 c10::str(like.sizes())));
+      }
+      return it->second.to(like.device(), like.scalar_type());
+    };
+    absl::Status st = Guard("restore", [&] {
+      for (const auto& p : child->named_parameters()) {
+        const std::string& name = p.key();
+        torch::Tensor w = take("param/" + name, p.value());
+        if (!w.defined()) throw std::invalid_argument(absl::StrCat("unit ", u, " has no ", name));
+        p.value().copy_(w);
+        if (t2_enabled_) {
+          torch::Tensor v = take("t2/" + name, p.value());
+          // A checkpoint taken without T2 (another schedule or τ): δ starts at 0.
+          if (v.defined()) velocity_[index.at(p.value().unsafeGetTensorImpl())].copy_(v);
+        }
+        const std::string prefix = "optim/" + name + "/";
+        if (dynamic_cast<torch::optim::SGD*>(optimizer_.get()) != nullptr) {
+          // Saved only where momentum made one.
+          torch::Tensor m = take(prefix + "momentum_buffer", p.value());
+          if (m.defined()) {
+            auto s = std::make_unique<torch::optim::SGDParamState>();
+            s->momentum_buffer(m.clone());
+            state[OptimizerStateKey(state, p.value())] = std::move(s);
+          }
+        } else {
+          torch::Tensor m1 = take(prefix + "exp_avg", p.value());
+          torch::Tensor m2 = take(prefix + "exp_avg_sq", p.value());
+          auto k = saved.find(prefix + "step");
+          if (!m1.defined() || !m2.defined() || k == saved.end()) continue;
+          torch::Tensor mx = take(prefix + "max_exp_avg_sq", p.value());
+          auto fill = [&](auto s) {
+            s->step(k->second.item<int64_t>());
+            s->exp_avg(m1.clone());
+            s->exp_avg_sq(m2.clone());
+            if (mx.defined()) s->max_exp_avg_sq(mx.clone());
+            state[OptimizerStateKey(state, p.value())] = std::move(s);
+          };
+          if (dynamic_cast<torch::optim::AdamW*>(optimizer_.get())) {
+            fill(std::make_unique<torch::optim::AdamWParamState>());
+          } else {
+            fill(std::make_unique<torch::optim::AdamParamState>());
+          }
+        }
+      }
+      for (const auto& b : child->named_buffers()) {
+        torch::Tensor v = take("buffer/" + b.key(), b.value());
+        if (!v.defined())
+          throw std::invalid_argument(absl::StrCat("unit ", u, " has no ", b.key()));
+        b.value().copy_(v);
+      }
+    });
+    if (!st.ok()) return absl::DataLossError(st.message());
+    ++u;
+  }
+  if (t2_enabled_) {
+    double sq = 0;
+    for (const auto& v : velocity_) sq += v.pow(2).sum().item<double>();
+    t2_correction_norm_ = tau_ * std::sqrt(sq);
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.steps = step;
+  if (warmup_steps_ > 0 && step >= warmup_steps_) stats_.async_from_step = warmup_steps_;
+  const double alpha = BaseLearningRate(lr_schedule_, step);
+  stats_.learning_rate = step < warmup_steps_
+                             ? alpha
+                             : T1LearningRate(alpha, step - warmup_steps_, lr_anneal_steps_, tau_);
+  UpdateMemoryLocked();
+  return absl::OkStatus();
 }
 
 StageStats StageRuntime::Stats() const {

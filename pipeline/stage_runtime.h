@@ -31,6 +31,7 @@
 #include <mutex>
 
 #include "absl/status/statusor.h"
+#include "pipeline/checkpoint_units.h"
 #include "pipeline/lr_schedule.h"
 #include "pipemare/v1/pipemare.pb.h"
 
@@ -141,11 +142,30 @@ class StageRuntime {
 
   // Backward of a saved microbatch. `grad_output` is dL/d(stage output), or
   // undefined on the last stage (the saved loss is differentiated). Returns
-  // dL/d(stage input), undefined on the first stage. Applies one optimizer
-  // step after every N-th backward.
+  // dL/d(stage input), undefined on the first stage. Accumulates the
+  // gradient; it never steps by itself (the plan's U does: Step).
   absl::StatusOr<torch::Tensor> Backward(uint64_t microbatch, const torch::Tensor& grad_output);
 
+  // One optimizer step (a plan's U) from the N accumulated backwards: T1's
+  // learning rate, clipping, the optimizer, T2's velocity. FAILED_PRECONDITION
+  // unless exactly N backwards ran since the last step.
+  absl::Status Step();
+  int backwards_since_step() const { return backwards_since_step_; }
+
   StageStats Stats() const;
+
+  // The stage's state now, copied to host memory unit by unit: weights and
+  // buffers, optimizer state, T2's δ, and the step count (T1's position).
+  // The stage executor takes it right after the cut's step.
+  StageSnapshot Snapshot() const;
+
+  // Puts back the state of a cut after step `step`: every unit of this stage
+  // from `units` (any partition's files: matched by unit index, then by
+  // name), its weights, buffers, optimizer state and T2's δ, and the step
+  // count (the learning-rate schedule, T1 and T3 continue from it). Call
+  // before the first forward. DATA_LOSS naming the unit and tensor when one is
+  // missing or of another shape.
+  absl::Status Restore(const std::vector<UnitState>& units, int64_t step);
 
   // The stage's parameters (for tests).
   std::vector<torch::Tensor> Parameters() const { return module_->parameters(); }
@@ -188,7 +208,6 @@ class StageRuntime {
   // or T2's u_bkwd = w_t - τ_i δ (pipemare after any warm-up).
   const std::vector<torch::Tensor>* StashedWeights(const Saved& saved) const;
   bool CorrectsDiscrepancy() const;
-  void Step();
   // Step's update of the weights from the accumulated gradients: clipping,
   // the optimizer, T2's velocity. Returns the gradient norm before clipping
   // (0 without clipping).
@@ -212,6 +231,7 @@ class StageRuntime {
   // before any update, so it needs no stash).
   const bool stashing_;
   const torch::Device device_;
+  const int first_unit_;
   const int units_;
   const VirtualDevice virtual_;
   // Virtual device: the (zero) output by input shape, its shape from one real

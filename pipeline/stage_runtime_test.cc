@@ -53,6 +53,17 @@ v1::StageAssignment SingleStage(const std::string& schedule, int microbatches_pe
   return Assignment(schedule, 0, 1, 0, 3, Mlp({4, 3, 3, 2}), 0.1, microbatches_per_step);
 }
 
+// A backward, then the optimizer step after every N-th one: what a plan's
+// B and U run (pipeline/stage_executor.h).
+absl::StatusOr<torch::Tensor> BackwardStep(StageRuntime& rt, uint64_t microbatch,
+                                           const torch::Tensor& grad_output) {
+  auto grad_input = rt.Backward(microbatch, grad_output);
+  if (grad_input.ok() && rt.backwards_since_step() == rt.microbatches_per_step()) {
+    if (auto st = rt.Step(); !st.ok()) return st;
+  }
+  return grad_input;
+}
+
 std::unique_ptr<StageRuntime> MustCreate(const v1::StageAssignment& a) {
   auto rt = StageRuntime::Create(a);
   EXPECT_TRUE(rt.ok()) << rt.status();
@@ -134,13 +145,13 @@ TEST(StageRuntimeGPipeTest, AccumulatesNMicrobatchesIntoOneSgdStep) {
   ASSERT_TRUE(rt->ForwardLoss(2, x2, y2, true).ok());
   EXPECT_EQ(rt->Stats().forwards, 2);
 
-  auto g1 = rt->Backward(1, torch::Tensor());
+  auto g1 = BackwardStep(*rt, 1, torch::Tensor());
   ASSERT_TRUE(g1.ok()) << g1.status();
   EXPECT_FALSE(g1->defined()) << "the first stage returns no input gradient";
   EXPECT_EQ(rt->Stats().steps, 0);
   ExpectAllClose(rt->Parameters(), initial, 0, 0);  // no update before the N-th backward
 
-  auto g2 = rt->Backward(2, torch::Tensor());
+  auto g2 = BackwardStep(*rt, 2, torch::Tensor());
   ASSERT_TRUE(g2.ok()) << g2.status();
   StageStats stats = rt->Stats();
   EXPECT_EQ(stats.steps, 1);
@@ -164,8 +175,8 @@ torch::Tensor TwoMicrobatchStep(StageRuntime& rt, torch::nn::Sequential& ref, in
   const torch::Tensor x2 = Inputs(200 + m2), y2 = Targets(300 + m2);
   EXPECT_TRUE(rt.ForwardLoss(m1, x1, y1, true).ok());
   EXPECT_TRUE(rt.ForwardLoss(m2, x2, y2, true).ok());
-  EXPECT_TRUE(rt.Backward(m1, torch::Tensor()).ok());
-  EXPECT_TRUE(rt.Backward(m2, torch::Tensor()).ok());
+  EXPECT_TRUE(BackwardStep(rt, m1, torch::Tensor()).ok());
+  EXPECT_TRUE(BackwardStep(rt, m2, torch::Tensor()).ok());
   return torch::nn::functional::cross_entropy(ref->forward(x1), y1) / 2 +
          torch::nn::functional::cross_entropy(ref->forward(x2), y2) / 2;
 }
@@ -202,7 +213,7 @@ TEST(StageRuntimeGPipeTest, IgnoresPipeMareKnobs) {
   torch::manual_seed(8);
   const torch::Tensor g = torch::randn({kBatch, 3});
   ASSERT_TRUE(rt->Forward(1, x, true).ok());
-  ASSERT_TRUE(rt->Backward(1, g).ok());
+  ASSERT_TRUE(BackwardStep(*rt, 1, g).ok());
   ref->forward(x).backward(g);
   std::vector<torch::Tensor> expected;
   for (const auto& p : ref->parameters()) expected.push_back(p.detach() - 0.1 * p.grad());
@@ -228,7 +239,7 @@ TEST(StageRuntimePipeMareTest, T1ScalesTheFirstStepsByTau) {
   torch::manual_seed(22);
   const torch::Tensor g = torch::randn({kBatch, 3});
   ASSERT_TRUE(rt->Forward(1, x, true).ok());
-  auto gi = rt->Backward(1, g);
+  auto gi = BackwardStep(*rt, 1, g);
   ASSERT_TRUE(gi.ok()) << gi.status();
   EXPECT_FALSE(gi->defined());
   EXPECT_EQ(rt->Stats().steps, 1);
@@ -241,7 +252,7 @@ TEST(StageRuntimePipeMareTest, T1ScalesTheFirstStepsByTau) {
   ExpectAllClose(rt->Parameters(), expected, 1e-5, 1e-7);
 
   ASSERT_TRUE(rt->Forward(2, x, true).ok());
-  ASSERT_TRUE(rt->Backward(2, g).ok());
+  ASSERT_TRUE(BackwardStep(*rt, 2, g).ok());
   EXPECT_NEAR(rt->Stats().learning_rate, 0.1 * std::pow(3.0, -(1.0 - 1.0 / 100)), 1e-12);
   EXPECT_NEAR(rt->Stats().learning_rate, T1LearningRate(0.1, 1, 100, 3), 1e-15);
 }
@@ -357,7 +368,7 @@ TEST(StageRuntimePipeMareTest, T2BackwardAtDiscrepancyCorrectedWeights) {
   for (int m = 0; m < 3; ++m) {
     ASSERT_TRUE(rt->Forward(m + 1, xs[m], true).ok());
     const double correction = ref.CorrectionNorm();
-    auto gi = rt->Backward(m + 1, gs[m]);
+    auto gi = BackwardStep(*rt, m + 1, gs[m]);
     ASSERT_TRUE(gi.ok()) << gi.status();
     EXPECT_FALSE(gi->defined()) << "stage 0 has no input gradient";
     EXPECT_NEAR(rt->Stats().t2_correction_norm, correction, 1e-6 + 1e-5 * correction);
@@ -385,7 +396,7 @@ TEST(StageRuntimePipeMareTest, T2InputGradientOnAMiddleStage) {
     torch::manual_seed(700 + m);
     const torch::Tensor g = torch::randn({kBatch, 3});
     ASSERT_TRUE(rt->Forward(m, x, true).ok());
-    auto gi = rt->Backward(m, g);
+    auto gi = BackwardStep(*rt, m, g);
     ASSERT_TRUE(gi.ok()) << gi.status();
     ASSERT_TRUE(gi->defined());
     torch::Tensor expected = ref.Step(x, g);
@@ -407,7 +418,7 @@ TEST(StageRuntimePipeMareTest, T2OffWithNegativeDecay) {
     torch::manual_seed(900 + m);
     gs.push_back(torch::randn({kBatch, 3}));
     ASSERT_TRUE(rt->Forward(m, xs[m], true).ok());
-    ASSERT_TRUE(rt->Backward(m, gs[m]).ok());
+    ASSERT_TRUE(BackwardStep(*rt, m, gs[m]).ok());
   }
   ExpectAllClose(rt->Parameters(), PlainSgd(model, 0, 2, 0.1, xs, gs), 1e-5, 1e-6);
 }
@@ -421,7 +432,7 @@ TEST(StageRuntimeStatsTest, MeasuredDelayCountsStepsBetweenForwardAndBackward) {
   for (uint64_t m = 1; m <= 3; ++m) {
     ASSERT_TRUE(rt->ForwardLoss(m, Inputs(m), Targets(10 + m), true).ok());
   }
-  for (uint64_t m = 1; m <= 3; ++m) ASSERT_TRUE(rt->Backward(m, torch::Tensor()).ok());
+  for (uint64_t m = 1; m <= 3; ++m) ASSERT_TRUE(BackwardStep(*rt, m, torch::Tensor()).ok());
   StageStats s = rt->Stats();
   EXPECT_EQ(s.forwards, 3);
   EXPECT_EQ(s.backwards, 3);
@@ -434,7 +445,7 @@ TEST(StageRuntimeStatsTest, InterleavedHasNoDelay) {
   ASSERT_NE(rt, nullptr);
   for (uint64_t m = 1; m <= 3; ++m) {
     ASSERT_TRUE(rt->ForwardLoss(m, Inputs(m), Targets(10 + m), true).ok());
-    ASSERT_TRUE(rt->Backward(m, torch::Tensor()).ok());
+    ASSERT_TRUE(BackwardStep(*rt, m, torch::Tensor()).ok());
   }
   EXPECT_DOUBLE_EQ(rt->Stats().measured_delay, 0.0);
   EXPECT_EQ(rt->Stats().steps, 3);
@@ -449,7 +460,8 @@ TEST(StageRuntimeStatsTest, EvalForwardsAreNotCountedOrSaved) {
   // Eval may reuse an id, and there is nothing to differentiate.
   ASSERT_TRUE(rt->ForwardLoss(1, Inputs(1), Targets(2), false).ok());
   EXPECT_EQ(rt->Stats().forwards, 0);
-  EXPECT_EQ(rt->Backward(1, torch::Tensor()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BackwardStep(*rt, 1, torch::Tensor()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------
@@ -458,13 +470,13 @@ TEST(StageRuntimeStatsTest, EvalForwardsAreNotCountedOrSaved) {
 TEST(StageRuntimeErrorTest, BackwardOfUnknownMicrobatch) {
   auto rt = MustCreate(SingleStage("gpipe", 1));
   ASSERT_NE(rt, nullptr);
-  auto g = rt->Backward(42, torch::Tensor());
+  auto g = BackwardStep(*rt, 42, torch::Tensor());
   EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(g.status().message()), HasSubstr("42"));
   // A backward consumes the saved microbatch: a second one is unknown.
   ASSERT_TRUE(rt->ForwardLoss(1, Inputs(1), Targets(2), true).ok());
-  ASSERT_TRUE(rt->Backward(1, torch::Tensor()).ok());
-  EXPECT_FALSE(rt->Backward(1, torch::Tensor()).ok());
+  ASSERT_TRUE(BackwardStep(*rt, 1, torch::Tensor()).ok());
+  EXPECT_FALSE(BackwardStep(*rt, 1, torch::Tensor()).ok());
 }
 
 TEST(StageRuntimeErrorTest, DuplicateTrainingForward) {
@@ -545,10 +557,10 @@ TEST(StageRuntimeErrorTest, MissingOrMisshapenGradientOnANonLastStage) {
   auto rt = MustCreate(Assignment("pipemare", 0, 4, 0, 1, model));
   ASSERT_NE(rt, nullptr);
   ASSERT_TRUE(rt->Forward(1, Inputs(1), true).ok());
-  auto g = rt->Backward(1, torch::Tensor());
+  auto g = BackwardStep(*rt, 1, torch::Tensor());
   EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(rt->Forward(2, Inputs(2), true).ok());
-  auto h = rt->Backward(2, torch::zeros({kBatch, 4}));
+  auto h = BackwardStep(*rt, 2, torch::zeros({kBatch, 4}));
   EXPECT_FALSE(h.ok());
   EXPECT_EQ(rt->Stats().steps, 0);
 }
@@ -558,7 +570,7 @@ TEST(StageRuntimeErrorTest, MisshapenGradientIsInvalidArgument) {
   auto rt = MustCreate(Assignment("pipemare", 0, 4, 0, 1, model));
   ASSERT_NE(rt, nullptr);
   ASSERT_TRUE(rt->Forward(1, Inputs(1), true).ok());
-  auto h = rt->Backward(1, torch::zeros({kBatch, 4}));
+  auto h = BackwardStep(*rt, 1, torch::zeros({kBatch, 4}));
   EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << h.status();
   EXPECT_THAT(std::string(h.status().message()), HasSubstr("shape"));
 }
@@ -573,10 +585,10 @@ TEST(StageRuntimeErrorTest, FailedT2BackwardLeavesWeightsAtWt) {
   ASSERT_NE(rt, nullptr);
   torch::manual_seed(5);
   ASSERT_TRUE(rt->Forward(1, Inputs(1), true).ok());
-  ASSERT_TRUE(rt->Backward(1, torch::randn({kBatch, 3})).ok());  // δ is now non-zero
+  ASSERT_TRUE(BackwardStep(*rt, 1, torch::randn({kBatch, 3})).ok());  // δ is now non-zero
   const auto w_t = Snapshot(rt->Parameters());
   ASSERT_TRUE(rt->Forward(2, Inputs(2), true).ok());
-  auto bad = rt->Backward(2, torch::zeros({kBatch, 4}));  // wrong gradient shape
+  auto bad = BackwardStep(*rt, 2, torch::zeros({kBatch, 4}));  // wrong gradient shape
   EXPECT_FALSE(bad.ok());
   EXPECT_EQ(rt->Stats().steps, 1);
   ExpectAllClose(rt->Parameters(), w_t, 0, 0);
@@ -672,7 +684,7 @@ TEST(StageRuntimeMemoryTest, CountsTheTensorsTheStageHolds) {
   EXPECT_EQ(rt->Stats().memory.saved_activations, 2 * kBatch * 4 * 4);
 
   torch::manual_seed(5);
-  ASSERT_TRUE(rt->Backward(1, torch::randn({kBatch, 3})).ok());
+  ASSERT_TRUE(BackwardStep(*rt, 1, torch::randn({kBatch, 3})).ok());
   s = rt->Stats();
   EXPECT_EQ(s.in_flight, 1);
   EXPECT_EQ(s.memory.saved_activations, kBatch * 4 * 4);
@@ -680,7 +692,7 @@ TEST(StageRuntimeMemoryTest, CountsTheTensorsTheStageHolds) {
   EXPECT_EQ(s.t2_correction_norm, 0);            // δ was 0 at the first backward
   EXPECT_GT(s.last_step_seconds, 0);
 
-  ASSERT_TRUE(rt->Backward(2, torch::randn({kBatch, 3})).ok());
+  ASSERT_TRUE(BackwardStep(*rt, 2, torch::randn({kBatch, 3})).ok());
   EXPECT_GT(rt->Stats().t2_correction_norm, 0) << "after one step δ != 0, so u_bkwd != w";
   EXPECT_EQ(rt->Stats().in_flight, 0);
   EXPECT_EQ(rt->Stats().memory.saved_activations, 0);
@@ -717,11 +729,11 @@ Interleaved RunInterleaved(const std::string& schedule) {
   r.w0 = Snapshot(*r.rt);
   EXPECT_TRUE(r.rt->Forward(1, Inputs(1, 3), true).ok());
   EXPECT_TRUE(r.rt->Forward(2, Inputs(2, 3), true).ok());
-  EXPECT_TRUE(r.rt->Backward(1, Inputs(11, 3)).ok());
+  EXPECT_TRUE(BackwardStep(*r.rt, 1, Inputs(11, 3)).ok());
   r.w1 = Snapshot(*r.rt);
   EXPECT_TRUE(r.rt->Forward(3, Inputs(3, 3), true).ok());
   r.after_forward_3 = r.rt->Stats();
-  auto g = r.rt->Backward(2, Inputs(12, 3));
+  auto g = BackwardStep(*r.rt, 2, Inputs(12, 3));
   EXPECT_TRUE(g.ok()) << g.status();
   if (g.ok()) r.grad_input_2 = *g;
   r.w2 = Snapshot(*r.rt);
@@ -735,7 +747,7 @@ Interleaved RunAloneAtVersion0() {
   r.rt = MustCreate(Assignment("gpipe", 1, 4, 1, 1, Mlp({4, 3, 3, 3, 2}, "tanh"), 0.5));
   r.w0 = Snapshot(*r.rt);
   EXPECT_TRUE(r.rt->Forward(2, Inputs(2, 3), true).ok());
-  auto g = r.rt->Backward(2, Inputs(12, 3));
+  auto g = BackwardStep(*r.rt, 2, Inputs(12, 3));
   EXPECT_TRUE(g.ok());
   if (g.ok()) r.grad_input_2 = *g;
   r.w1 = Snapshot(*r.rt);
@@ -768,7 +780,7 @@ TEST(StageRuntimePipeDreamTest, StashHoldsOneCopyPerVersionInFlight) {
   EXPECT_EQ(pd.after_forward_3.memory.stash, 2 * weights);
   EXPECT_EQ(pd.after_backward_2.stashed_versions, 1);
   EXPECT_EQ(pd.after_backward_2.memory.stash, weights);
-  ASSERT_TRUE(pd.rt->Backward(3, Inputs(13, 3)).ok());
+  ASSERT_TRUE(BackwardStep(*pd.rt, 3, Inputs(13, 3)).ok());
   EXPECT_EQ(pd.rt->Stats().stashed_versions, 0);
   EXPECT_EQ(pd.rt->Stats().memory.stash, 0);
   EXPECT_EQ(pd.rt->Stats().peak_memory.stash, 2 * weights) << "the peak stays";
@@ -793,7 +805,7 @@ TEST(StageRuntimeAsyncTest, BackwardUsesTheCurrentWeightsAndStashesNothing) {
     for (size_t j = 0; j < params.size(); ++j) params[j].copy_(as.w1[j]);
   }
   ASSERT_TRUE(at_w1->Forward(2, Inputs(2, 3), true).ok());
-  auto g = at_w1->Backward(2, Inputs(12, 3));
+  auto g = BackwardStep(*at_w1, 2, Inputs(12, 3));
   ASSERT_TRUE(g.ok());
   EXPECT_TRUE(torch::allclose(as.grad_input_2, *g, 1e-6, 1e-7));
   EXPECT_TRUE(torch::allclose(as.w2[0], at_w1->Parameters()[0], 1e-6, 1e-7));
@@ -826,7 +838,7 @@ TEST(StageRuntimeWarmupTest, SwitchesAtTheConfiguredStepAndDelaysChangeThen) {
   ASSERT_EQ(rt->Stats().analytic_delay, 2);
   EXPECT_EQ(rt->Stats().async_from_step, -1);
   auto forward = [&](uint64_t m) { ASSERT_TRUE(rt->Forward(m, Inputs(m, 3), true).ok()); };
-  auto backward = [&](uint64_t m) { ASSERT_TRUE(rt->Backward(m, Inputs(10 + m, 3)).ok()); };
+  auto backward = [&](uint64_t m) { ASSERT_TRUE(BackwardStep(*rt, m, Inputs(10 + m, 3)).ok()); };
 
   // Warm-up: forward then backward of each microbatch, at w_t, no T1.
   forward(1);
@@ -867,9 +879,9 @@ TEST(StageRuntimeWarmupTest, GPipeIgnoresIt) {
   auto rt = MustCreate(a);
   ASSERT_NE(rt, nullptr);
   ASSERT_TRUE(rt->Forward(1, Inputs(1, 3), true).ok());
-  ASSERT_TRUE(rt->Backward(1, Inputs(11, 3)).ok());
+  ASSERT_TRUE(BackwardStep(*rt, 1, Inputs(11, 3)).ok());
   ASSERT_TRUE(rt->Forward(2, Inputs(2, 3), true).ok());
-  ASSERT_TRUE(rt->Backward(2, Inputs(12, 3)).ok());
+  ASSERT_TRUE(BackwardStep(*rt, 2, Inputs(12, 3)).ok());
   EXPECT_EQ(rt->Stats().async_from_step, -1);
   EXPECT_EQ(rt->Stats().last_delay, 0);
 }
@@ -934,7 +946,7 @@ TEST(StageRuntimeOptimizerTest, ClippingBoundsTheStagesUpdate) {
   ASSERT_NE(rt, nullptr);
   const auto w0 = Snapshot(rt->Parameters());
   ASSERT_TRUE(rt->ForwardLoss(1, Inputs(1), Targets(2), true).ok());
-  ASSERT_TRUE(rt->Backward(1, torch::Tensor()).ok());
+  ASSERT_TRUE(BackwardStep(*rt, 1, torch::Tensor()).ok());
   double sq = 0;
   const auto w1 = rt->Parameters();
   for (size_t j = 0; j < w0.size(); ++j) sq += (w1[j] - w0[j]).pow(2).sum().item<double>();
@@ -954,7 +966,7 @@ TEST(StageRuntimeOptimizerTest, T1ScalesAdamsStepOnADelayedStage) {
   ASSERT_EQ(rt->Stats().analytic_delay, 2);
   const auto w0 = Snapshot(rt->Parameters());
   ASSERT_TRUE(rt->Forward(1, Inputs(1, 3), true).ok());
-  ASSERT_TRUE(rt->Backward(1, Inputs(11, 3)).ok());
+  ASSERT_TRUE(BackwardStep(*rt, 1, Inputs(11, 3)).ok());
   EXPECT_NEAR(MaxAbsDiff(rt->Parameters(), w0), 0.01 / 2, 1e-6);
   EXPECT_DOUBLE_EQ(rt->Stats().learning_rate, 0.005);
 }
@@ -1004,13 +1016,13 @@ TEST(VirtualDeviceTest, KeepsShapesStepsAndDelaysButNotValues) {
     auto loss = (*last)->ForwardLoss(m, *out, Targets(m), true);
     ASSERT_TRUE(loss.ok()) << loss.status();
     EXPECT_NEAR(loss->loss, std::log(2.0), 1e-6);  // zero logits over 2 classes
-    auto g = (*last)->Backward(m, torch::Tensor());
+    auto g = BackwardStep(*(*last), m, torch::Tensor());
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_EQ(g->sizes().vec(), (std::vector<int64_t>{kBatch, 3}));
     act[m] = *g;
   };
   auto bwd = [&](uint64_t m) {
-    auto g = (*first)->Backward(m, act[m]);
+    auto g = BackwardStep(*(*first), m, act[m]);
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_FALSE(g->defined());  // first stage
   };
@@ -1072,7 +1084,7 @@ TEST(StageRuntimeModelTest, TheBackwardReplaysTheForwardsDropoutMask) {
   ASSERT_TRUE(rt->ForwardLoss(1, x, y, true).ok());
   // Another draw between the forward and its backward must not matter.
   torch::rand({100});
-  ASSERT_TRUE(rt->Backward(1, torch::Tensor()).ok());
+  ASSERT_TRUE(BackwardStep(*rt, 1, torch::Tensor()).ok());
   gen.set_state(state);
   ref->train();
   torch::nn::functional::cross_entropy(ref->forward(x), y).backward();
@@ -1092,7 +1104,7 @@ TEST(StageRuntimeModelTest, BatchNormUpdatesItsRunningStatsOncePerTrainingForwar
   torch::manual_seed(7);
   torch::Tensor x = torch::randn({kBatch, 2, 3, 3}) + 1;
   ASSERT_TRUE(rt->ForwardLoss(1, x, Targets(8), true).ok());
-  auto back = rt->Backward(1, torch::Tensor());
+  auto back = BackwardStep(*rt, 1, torch::Tensor());
   ASSERT_TRUE(back.ok()) << back.status();
   // momentum 0.1 from a running mean of 0: one update, not two.
   torch::Tensor running_mean;
@@ -1129,7 +1141,7 @@ TEST(StageRuntimeModelTest, LanguageModelLossIsPerTokenAndCountsTokens) {
     EXPECT_EQ(r->predictions, kBatch * 7);
     if (i == 1) first = r->loss;
     if (i == 1) EXPECT_NEAR(first, std::log(11.0), 0.5) << "near uniform at the start";
-    ASSERT_TRUE(rt->Backward(i, torch::Tensor()).ok());
+    ASSERT_TRUE(BackwardStep(*rt, i, torch::Tensor()).ok());
   }
   auto last = rt->ForwardLoss(100, x, y, false);
   EXPECT_LT(last->loss, first * 0.7);

@@ -16,13 +16,14 @@ jobs=${JOBS:-$(nproc)}
 # (/usr/share/datasets/fashion-mnist) for examples/fashion_mnist_pipemare.yaml
 # and the end-to-end tests; fortunes is a plain-text corpus for data.type text
 # (/usr/share/games/fortunes/cookie, 245 kB of ASCII) for the examples and
-# pipeline/data_test.cc.
+# pipeline/data_test.cc. python3-torch and python3-numpy load exported models
+# in plain PyTorch (examples/export_eval.py, tests/checkpoint_test.cc).
 packages=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtorch-dev libopenblas0-openmp prometheus-cpp-dev libgtest-dev libgmock-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev
   libcpp-httplib-dev zlib1g-dev
-  prometheus dataset-fashion-mnist fortunes)
+  prometheus dataset-fashion-mnist fortunes python3-torch python3-numpy)
 
 deps() {
   local missing=()

@@ -33,9 +33,28 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
   host->runtime_ = std::move(*runtime);
   host->metrics_ = std::move(metrics);
   host->metrics_->Update(host->runtime_->Stats());
-  if (a.steps_per_epoch() < 1) {
-    return absl::InvalidArgumentError("steps_per_epoch: required, >= 1 (the plan's length)");
+  if (a.start_step() < 0 || a.start_step() > a.total_steps()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start_step: ", a.start_step(), " is not in 0..total_steps (", a.total_steps(), ")"));
   }
+  if (a.restore_size() > 0 || a.start_step() > 0) {
+    // Resume: this stage's units from a checkpoint cut (any partition's).
+    std::vector<UnitState> units;
+    for (const auto& f : a.restore()) {
+      if (f.unit() < a.first_unit() || f.unit() >= a.first_unit() + a.units()) continue;
+      auto unit = ReadUnitFile(f.path(), f.sha256());
+      if (!unit.ok()) return unit.status();
+      units.push_back(std::move(*unit));
+    }
+    if (auto st = host->runtime_->Restore(units, a.start_step()); !st.ok()) return st;
+    host->metrics_->Update(host->runtime_->Stats());
+    LogInfo(ForStage(a.job_id(), a.stage()),
+            absl::StrCat("restored units [", a.first_unit(), ", ", a.first_unit() + a.units(),
+                         ") from the checkpoint at step ", a.start_step()));
+  }
+  auto executor = StageExecutor::Create(a, host->runtime_.get());
+  if (!executor.ok()) return executor.status();
+  host->executor_.emplace(std::move(*executor));
   host->wire_dtype_ = WireScalarType(a.schedule().wire_dtype());
   // The coordinator keeps at most P + 1 (asynchronous) or 2N (synchronous)
   // microbatches in flight, so these bounds only bite on a misbehaving peer:
@@ -77,6 +96,7 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
     }
     host->downstream_reader_ = std::thread([h = host.get()] { h->DownstreamReadLoop(); });
   }
+  host->checkpoint_thread_ = std::thread([h = host.get()] { h->CheckpointLoop(); });
   host->compute_thread_ = std::thread([h = host.get()] { h->ComputeLoop(); });
   return host;
 }
@@ -100,6 +120,53 @@ void StageHost::Stop() {
   }
   if (downstream_reader_.joinable() && downstream_reader_.get_id() != std::this_thread::get_id()) {
     downstream_reader_.join();
+  }
+  {
+    std::lock_guard<std::mutex> lock(checkpoint_mu_);
+    checkpoint_stop_ = true;  // cuts already taken are still written
+  }
+  checkpoint_cv_.notify_all();
+  if (checkpoint_thread_.joinable() && checkpoint_thread_.get_id() != std::this_thread::get_id()) {
+    checkpoint_thread_.join();
+  }
+}
+
+void StageHost::CheckpointLoop() {
+  const std::string& dir = assignment_.checkpoint_dir();
+  for (;;) {
+    std::shared_ptr<const StageSnapshot> snapshot;
+    {
+      std::unique_lock<std::mutex> lock(checkpoint_mu_);
+      checkpoint_cv_.wait(lock, [&] { return checkpoint_stop_ || !checkpoint_queue_.empty(); });
+      if (checkpoint_queue_.empty()) return;
+      snapshot = std::move(checkpoint_queue_.front());
+      checkpoint_queue_.pop_front();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    auto files = dir.empty() ? absl::FailedPreconditionError(
+                                   "checkpoint_dir: the coordinator sent none; nothing is saved")
+                             : WriteStageSnapshot(dir, assignment_.job_id(), *snapshot);
+    std::lock_guard<std::mutex> lock(checkpoint_mu_);
+    if (!files.ok()) {
+      checkpoint_written_.set_error(
+          absl::StrCat("checkpoint at step ", snapshot->step, ": ", files.status().message()));
+      LogError(ForStage(assignment_.job_id(), assignment_.stage()), checkpoint_written_.error());
+      continue;
+    }
+    checkpoint_written_.set_step(snapshot->step);
+    checkpoint_written_.clear_files();
+    int64_t bytes = 0;
+    for (const WrittenFile& f : *files) {
+      auto* out = checkpoint_written_.add_files();
+      out->set_unit(f.unit);
+      out->set_path(f.path);
+      out->set_bytes(f.bytes);
+      out->set_sha256(f.sha256);
+      bytes += f.bytes;
+    }
+    LogInfo(ForStage(assignment_.job_id(), assignment_.stage()),
+            absl::StrCat("checkpoint at step ", snapshot->step, ": ", files->size(), " units, ",
+                         bytes, " bytes in ", SecondsSince(start), " s"));
   }
 }
 
@@ -258,33 +325,24 @@ bool StageHost::NextEvent(Event* event) {
   while (!stopping_) {
     auto act = ready_activation();
     const bool have_act = act != activations_.end();
-    if (in_epoch()) {
-      // Exactly the input the plan's next action needs (the last stage runs
-      // its backwards right after the forward the plan puts before them).
-      const Action& next = plan_[next_action_];
-      if (next.op == Action::Op::kForward && have_act && act->phase == v1::TRAIN) {
-        *event = std::move(*act);
-        activations_.erase(act);
-        cv_.notify_all();  // room in the inbox
-        return true;
-      }
-      if (next.op == Action::Op::kBackward) {
-        const uint64_t id = id_of_[next.index];
-        for (auto it = gradients_.begin(); it != gradients_.end(); ++it) {
-          if (it->microbatch == id) {
-            *event = std::move(*it);
-            gradients_.erase(it);
-            return true;
-          }
-        }
-      }
-    } else if (have_act) {
-      // Between epochs: evaluation on the drained pipeline, or the first
-      // microbatch of the next epoch.
+    // Exactly the input the plan's next action needs; between epochs,
+    // evaluation on the drained pipeline or the next epoch's first forward.
+    const StageExecutor::Next next = executor_->Peek();
+    if (next.action.op == Action::Op::kForward && have_act &&
+        (act->phase == v1::TRAIN || executor_->between_epochs())) {
       *event = std::move(*act);
       activations_.erase(act);
-      cv_.notify_all();
+      cv_.notify_all();  // room in the inbox
       return true;
+    }
+    if (next.action.op == Action::Op::kBackward) {
+      for (auto it = gradients_.begin(); it != gradients_.end(); ++it) {
+        if (it->microbatch == next.microbatch) {
+          *event = std::move(*it);
+          gradients_.erase(it);
+          return true;
+        }
+      }
     }
     cv_.wait_for(lock, std::chrono::milliseconds(200));
   }
@@ -316,154 +374,90 @@ void StageHost::ComputeLoop() {
 }
 
 absl::Status StageHost::Process(const Event& event) {
-  if (event.gradient) {
-    if (runtime_->is_last()) return absl::InvalidArgumentError("the last stage got a gradient");
-    return BackwardAndSendUp(event.microbatch, event.tensor);
-  }
+  if (event.gradient) return HandleGradient(event);
   return HandleActivation(event);
 }
 
 absl::Status StageHost::HandleActivation(const Event& event) {
   const bool train = event.phase != v1::EVAL;
-  if (train) {
-    if (!in_epoch()) {
-      if (auto st = StartEpoch(); !st.ok()) return st;
-    }
-    if (auto st = Advance(Action::Op::kForward, event.microbatch); !st.ok()) return st;
-  } else if (in_epoch()) {  // a plan ends with every backward done: drained
-    return absl::FailedPreconditionError(
-        absl::StrCat("evaluation microbatch ", event.microbatch, " arrived during an epoch"));
-  }
-  auto forward_start = std::chrono::steady_clock::now();
-  auto observe_forward = [&] {
-    (train ? metrics_->forward_train_seconds : metrics_->forward_eval_seconds)
-        ->Observe(SecondsSince(forward_start));
-    (train ? metrics_->forwards_train : metrics_->forwards_eval)->Increment();
-  };
-  if (!runtime_->is_last()) {
-    auto out = runtime_->Forward(event.microbatch, event.tensor, train);
-    if (!out.ok()) return out.status();
-    observe_forward();
-    v1::StageMessage msg;
-    msg.set_microbatch(event.microbatch);
-    msg.set_phase(event.phase);
-    auto wire = FromTorch(*out, wire_dtype_);
-    if (!wire.ok()) return wire.status();
-    *msg.mutable_activation() = std::move(*wire);
-    metrics_->sent_activation_bytes->Increment(msg.activation().data().size());
-    return Send(Side::kDownstream, std::move(msg));
-  }
   torch::Tensor targets;
-  {
+  if (runtime_->is_last()) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = targets_.find(event.microbatch);
     targets = it->second;
     targets_.erase(it);
   }
-  auto result = runtime_->ForwardLoss(event.microbatch, event.tensor, targets, train);
-  if (!result.ok()) return result.status();
-  observe_forward();
-  v1::StageMessage msg;
-  msg.set_microbatch(event.microbatch);
-  msg.set_phase(event.phase);
-  msg.mutable_result()->set_loss(result->loss);
-  msg.mutable_result()->set_correct(result->correct);
-  msg.mutable_result()->set_count(result->count);
-  msg.mutable_result()->set_predictions(result->predictions);
-  if (auto st = Send(Side::kTargets, std::move(msg)); !st.ok()) return st;
+  auto out = train ? executor_->Forward(event.microbatch, event.tensor, targets)
+                   : executor_->Evaluate(event.microbatch, event.tensor, targets);
+  if (!out.ok()) return out.status();
+  if (auto st = Emit(*out, event.phase); !st.ok()) return st;
   // Last stage: the backwards the plan puts next (1F1B: this one; gpipe:
   // the step's N after its N-th forward) need no input from anyone.
-  while (in_epoch() && plan_[next_action_].op == Action::Op::kBackward) {
-    const uint64_t id = id_of_[plan_[next_action_].index];
-    if (auto st = BackwardAndSendUp(id, torch::Tensor()); !st.ok()) return st;
-  }
-  return absl::OkStatus();
+  return train ? RunLocal() : absl::OkStatus();
 }
 
-absl::Status StageHost::StartEpoch() {
-  const int64_t first_step = runtime_->Stats().steps;
-  PlanOptions options{assignment_.schedule().type(),
-                      assignment_.num_stages(),
-                      assignment_.schedule().microbatches_per_step(),
-                      assignment_.steps_per_epoch(),
-                      first_step,
-                      assignment_.warmup_steps()};
-  auto plan = BuildPlan(options);
-  if (!plan.ok()) return plan.status();
-  if (auto st = ValidatePlan(*plan); !st.ok()) return st;
-  plan_ = std::move(plan->actions[assignment_.stage()]);
-  next_action_ = 0;
-  epoch_first_step_ = first_step;
-  forwarded_in_epoch_ = 0;
-  id_of_.clear();
-  index_of_.clear();
-  return absl::OkStatus();
+absl::Status StageHost::RunLocal() {
+  for (;;) {
+    auto out = executor_->RunLocal();
+    if (!out.ok()) return out.status();
+    if (!out->has_value()) return absl::OkStatus();
+    if (auto st = Emit(**out, v1::TRAIN); !st.ok()) return st;
+  }
 }
 
-absl::Status StageHost::Advance(Action::Op op, uint64_t microbatch) {
-  const int stage = assignment_.stage();
-  int64_t index;
-  if (op == Action::Op::kForward) {
-    index = ++forwarded_in_epoch_;
-    id_of_[index] = microbatch;
-    index_of_[microbatch] = index;
-  } else {
-    auto it = index_of_.find(microbatch);
-    index = it == index_of_.end() ? -1 : it->second;
-  }
-  const Action ran{stage, op, index};
-  if (!in_epoch()) {
-    return absl::InternalError(
-        absl::StrCat("stage ", stage, " ran ", FormatAction(ran), " after its epoch's plan ended"));
-  }
-  if (!(plan_[next_action_] == ran)) {
-    return absl::InternalError(absl::StrCat("stage ", stage, " ran ", FormatAction(ran),
-                                            " (microbatch ", microbatch, ") where its plan says ",
-                                            FormatAction(plan_[next_action_])));
-  }
-  ++next_action_;
-  return absl::OkStatus();
+absl::Status StageHost::HandleGradient(const Event& event) {
+  if (runtime_->is_last()) return absl::InvalidArgumentError("the last stage got a gradient");
+  auto out = executor_->Backward(event.microbatch, event.tensor);
+  if (!out.ok()) return out.status();
+  if (auto st = Emit(*out, v1::TRAIN); !st.ok()) return st;
+  return RunLocal();  // the U that follows every N-th backward
 }
 
-absl::Status StageHost::PassUpdates() {
-  const int64_t steps = runtime_->Stats().steps;
-  while (in_epoch() && plan_[next_action_].op == Action::Op::kUpdate) {
-    const Action& u = plan_[next_action_];
-    if (steps != epoch_first_step_ + u.index) {
-      return absl::InternalError(
-          absl::StrCat("stage ", assignment_.stage(), ": the plan's ", FormatAction(u), " is step ",
-                       epoch_first_step_ + u.index, " but the stage has applied ", steps));
-    }
-    ++next_action_;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status StageHost::BackwardAndSendUp(uint64_t microbatch, const torch::Tensor& grad_output) {
-  if (auto st = Advance(Action::Op::kBackward, microbatch); !st.ok()) return st;
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t steps_before = runtime_->Stats().steps;
-  auto grad_input = runtime_->Backward(microbatch, grad_output);
-  if (!grad_input.ok()) return grad_input.status();
-  if (auto st = PassUpdates(); !st.ok()) return st;
-  double seconds = SecondsSince(start);
-  const StageStats stats = runtime_->Stats();
-  if (stats.steps > steps_before) seconds = std::max(0.0, seconds - stats.last_step_seconds);
-  metrics_->backward_seconds->Observe(seconds);
-  metrics_->backwards->Increment();
-  metrics_->Update(stats);  // observes the optimizer step, if one ran
+absl::Status StageHost::Emit(const StageExecutor::Output& out, v1::Phase phase) {
   v1::StageMessage msg;
-  msg.set_microbatch(microbatch);
-  msg.set_phase(v1::TRAIN);
-  if (runtime_->is_first()) {
-    msg.mutable_done();
-  } else {
-    auto wire = FromTorch(*grad_input, wire_dtype_);
-    if (!wire.ok()) return wire.status();
-    *msg.mutable_gradient() = std::move(*wire);
-    metrics_->sent_gradient_bytes->Increment(msg.gradient().data().size());
+  msg.set_microbatch(out.microbatch);
+  msg.set_phase(phase);
+  switch (out.action.op) {
+    case Action::Op::kUpdate:
+      metrics_->Update(runtime_->Stats());  // observes the optimizer step
+      if (out.snapshot) {
+        {
+          std::lock_guard<std::mutex> lock(checkpoint_mu_);
+          checkpoint_queue_.push_back(out.snapshot);
+        }
+        checkpoint_cv_.notify_all();
+      }
+      return absl::OkStatus();
+    case Action::Op::kBackward:
+      metrics_->backward_seconds->Observe(out.seconds);
+      metrics_->backwards->Increment();
+      if (runtime_->is_first()) {
+        msg.mutable_done();
+      } else {
+        auto wire = FromTorch(out.tensor, wire_dtype_);
+        if (!wire.ok()) return wire.status();
+        *msg.mutable_gradient() = std::move(*wire);
+        metrics_->sent_gradient_bytes->Increment(msg.gradient().data().size());
+      }
+      return Send(Side::kUpstream, std::move(msg));
+    case Action::Op::kForward:
+      (phase == v1::EVAL ? metrics_->forward_eval_seconds : metrics_->forward_train_seconds)
+          ->Observe(out.seconds);
+      (phase == v1::EVAL ? metrics_->forwards_eval : metrics_->forwards_train)->Increment();
+      if (out.loss) {
+        msg.mutable_result()->set_loss(out.loss->loss);
+        msg.mutable_result()->set_correct(out.loss->correct);
+        msg.mutable_result()->set_count(out.loss->count);
+        msg.mutable_result()->set_predictions(out.loss->predictions);
+        return Send(Side::kTargets, std::move(msg));
+      }
+      auto wire = FromTorch(out.tensor, wire_dtype_);
+      if (!wire.ok()) return wire.status();
+      *msg.mutable_activation() = std::move(*wire);
+      metrics_->sent_activation_bytes->Increment(msg.activation().data().size());
+      return Send(Side::kDownstream, std::move(msg));
   }
-  return Send(Side::kUpstream, std::move(msg));
+  return absl::OkStatus();
 }
 
 absl::Status StageHost::Send(Side side, v1::StageMessage message) {
@@ -546,6 +540,10 @@ v1::StageStatusResponse StageHost::Status() const {
   to_proto(s.memory, r.mutable_memory());
   to_proto(s.peak_memory, r.mutable_peak_memory());
   r.set_async_from_step(s.async_from_step);
+  {
+    std::lock_guard<std::mutex> lock(checkpoint_mu_);
+    *r.mutable_checkpoint() = checkpoint_written_;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   r.set_error(error_);
   return r;

@@ -34,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/schedule.h"
+#include "pipeline/stage_executor.h"
 #include "pipeline/stage_runtime.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
 #include "stage_worker/outbox.h"
@@ -90,7 +91,10 @@ class StageHost {
   bool NextEvent(Event* event);
   absl::Status Process(const Event& event);
   absl::Status HandleActivation(const Event& event);
-  absl::Status BackwardAndSendUp(uint64_t microbatch, const torch::Tensor& grad_output);
+  absl::Status HandleGradient(const Event& event);
+  // Runs and sends what the plan's next actions produce without input
+  // (steps; the last stage's backwards).
+  absl::Status RunLocal();
   // Queues `message` on the side's outbox (blocking while it is full); an
   // error once that side broke or the host stops.
   absl::Status Send(Side side, v1::StageMessage message);
@@ -135,24 +139,24 @@ class StageHost {
   size_t inbox_capacity_ = 0;                    // activations waiting, at most
   std::optional<torch::ScalarType> wire_dtype_;  // schedule.wire_dtype
 
-  // The order of work is the plan (pipeline/schedule.h): this stage's
-  // actions for the epoch in progress, and the next one to run. A stage
-  // waits for exactly the input its next action needs. Plan indices are the
-  // epoch's TRAIN microbatches in arrival order. Compute thread only.
-  std::vector<Action> plan_;  // empty or done: between epochs
-  size_t next_action_ = 0;
-  int64_t epoch_first_step_ = 0;
-  int64_t forwarded_in_epoch_ = 0;
-  std::map<int64_t, uint64_t> id_of_;     // plan index -> microbatch id
-  std::map<uint64_t, int64_t> index_of_;  // microbatch id -> plan index
-  bool in_epoch() const { return next_action_ < plan_.size(); }
-  // Builds this epoch's plan from the runtime's step count.
-  absl::Status StartEpoch();
-  // Checks that `op` on `microbatch` is the plan's next action and moves
-  // past it (for a forward, numbers the microbatch).
-  absl::Status Advance(Action::Op op, uint64_t microbatch);
-  // Moves past the steps (U) the runtime has just applied, checking them.
-  absl::Status PassUpdates();
+  // The order of work is the plan, carried out by the executor: a stage
+  // waits for exactly the input its next action needs. Compute thread only
+  // (set in Start).
+  std::optional<StageExecutor> executor_;
+  // Sends what an executed action produced (activation, gradient, loss,
+  // done) and records its metrics.
+  absl::Status Emit(const StageExecutor::Output& out, v1::Phase phase);
+
+  // Checkpoints: the executor hands each cut's snapshot (host memory) to
+  // this thread, which writes it while the stage trains on
+  // (pipeline/checkpoint.h) and records what it wrote for Status().
+  void CheckpointLoop();
+  std::thread checkpoint_thread_;
+  mutable std::mutex checkpoint_mu_;
+  std::condition_variable checkpoint_cv_;
+  std::deque<std::shared_ptr<const StageSnapshot>> checkpoint_queue_;  // GUARDED_BY(checkpoint_mu_)
+  v1::CheckpointWritten checkpoint_written_;                           // GUARDED_BY(checkpoint_mu_)
+  bool checkpoint_stop_ = false;                                       // GUARDED_BY(checkpoint_mu_)
 
   std::atomic<bool> stopping_{false};
   std::atomic<bool> failed_{false};

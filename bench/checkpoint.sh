@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# What checkpoints and failures cost, through real coordinator and worker
+# processes on loopback (4 workers, the example's MLP on MNIST, pipemare):
+#
+#   1. throughput with a checkpoint every 50 steps against none: ROUNDS
+#      alternating pairs of one-epoch jobs (EXAMPLES training examples), in
+#      one run, samples/s as the coordinator reports it; the ratio of the
+#      medians.
+#   2. a worker killed with SIGKILL mid-job: seconds until the job is FAILED
+#      (detection), and from `pipemarectl resume` (a spare worker is already
+#      idle) until the job has trained its first step after the cut.
+#   3. the coordinator killed with SIGKILL mid-job and restarted on its state
+#      directory: seconds from the restart until the job has trained its
+#      first step after the cut (the workers re-register by themselves).
+#
+#   bench/checkpoint.sh            (prints the Markdown rows of docs/benchmarks.md)
+# Knobs: ROUNDS=3, EXAMPLES=19200, EVERY=50.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${BIN_DIR:-$root/build/bin}
+ROUNDS=${ROUNDS:-3}
+EXAMPLES=${EXAMPLES:-19200}
+EVERY=${EVERY:-50}
+
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+state="$work/state"
+
+start_coordinator() {
+  rm -f "$work/addr"
+  "$bin/pipemare-coordinator" --listen "${1:-127.0.0.1:0}" --address-file "$work/addr" \
+    --state-dir "$state" --worker-timeout 3 2>>"$work/coordinator.log" &
+  coordinator=$!
+  for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
+  addr=$(cat "$work/addr")
+}
+start_worker() {
+  "$bin/pipemare-worker" --coordinator "$addr" --listen 127.0.0.1:0 --threads 1 \
+    --coordinator-timeout 4 2>>"$work/worker-$1.log" &
+  worker_pid[$1]=$!
+}
+ctl() { "$bin/pipemarectl" --coordinator "$addr" "$@"; }
+field() { python3 -c 'import json,sys
+d=json.load(sys.stdin)
+for k in sys.argv[1].split("."): d=d.get(k, {}) if isinstance(d, dict) else {}
+print(d if d != {} else 0)' "$1"; }
+now() { date +%s.%N; }
+idle_workers() { ctl workers --output json | grep -c '"IDLE"' || true; }
+wait_idle() { for _ in $(seq 600); do [ "$(idle_workers)" -ge "$1" ] && return; sleep 0.1; done; }
+wait_state() {  # JOB STATE...
+  while true; do
+    s=$(ctl status "$1" --output json | field state)
+    for want in "${@:2}"; do [ "$s" = "$want" ] && return; done
+    sleep 0.1
+  done
+}
+wait_step_above() {  # JOB STEP
+  while [ "$(ctl status "$1" --output json | field progress.step)" -le "$2" ]; do sleep 0.05; done
+}
+wait_checkpoint() {  # JOB: until a cut is committed
+  while [ "$(ctl status "$1" --output json | field checkpoint.step)" -eq 0 ]; do sleep 0.1; done
+}
+spec() {  # NAME EVERY_STEPS
+  cat >"$work/$1.yaml" <<EOF
+name: $1
+model: {type: mlp, layers: [784, 512, 512, 256, 10], activation: relu}
+data: {type: mnist, path: $root/data/mnist, train_limit: $EXAMPLES, test_limit: 2000}
+optimizer: {type: sgd, lr: 0.03, momentum: 0.9, lr_schedule: cosine}
+schedule: {type: pipemare, stages: 4, microbatch_size: 64, lr_anneal_steps: 500,
+           discrepancy_decay: 0.1}
+train: {epochs: 1, seed: 1}
+checkpoint: {every_steps: $2, dir: $work/checkpoints}
+EOF
+  echo "$work/$1.yaml"
+}
+submit() { ctl submit "$1" --output json | field id; }
+
+start_coordinator
+for i in 1 2 3 4 5; do start_worker "$i"; done
+wait_idle 5
+
+# 1. Throughput, alternating.
+with=() without=()
+for r in $(seq "$ROUNDS"); do
+  for every in 0 "$EVERY"; do
+    id=$(submit "$(spec "tp-$r-$every" "$every")")
+    wait_state "$id" SUCCEEDED FAILED CANCELLED
+    sps=$(ctl status "$id" --output json | field metrics.samples_per_second)
+    if [ "$every" = 0 ]; then without+=("$sps"); else with+=("$sps"); fi
+  done
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+m0=$(median "${without[@]}")
+m1=$(median "${with[@]}")
+echo "| checkpoint every $EVERY steps vs none (4 stages, $EXAMPLES examples, $ROUNDS rounds) | $(printf '%.0f' "$m1") vs $(printf '%.0f' "$m0") samples/s | $(python3 -c "print(f'{$m1/$m0:.3f}x')") |"
+
+# 2. A worker killed mid-job; a spare is idle.
+id=$(submit "$(spec kill-worker "$EVERY")")
+wait_checkpoint "$id"
+victim=""
+for i in 1 2 3 4 5; do
+  if grep -q "job=$id stage=1 loaded stage" "$work/worker-$i.log" 2>/dev/null; then victim=$i; fi
+done
+t0=$(now)
+kill -9 "${worker_pid[$victim]}"
+wait_state "$id" FAILED
+t1=$(now)
+cut=$(ctl status "$id" --output json | field checkpoint.step)
+wait_idle 4
+t2=$(now)
+ctl resume "$id" >/dev/null 2>&1
+wait_state "$id" RUNNING
+wait_step_above "$id" "$cut"
+t3=$(now)
+wait_state "$id" SUCCEEDED FAILED
+echo "| worker SIGKILL: detected (job FAILED) | $(python3 -c "print(f'{$t1-$t0:.1f} s')") | |"
+echo "| worker SIGKILL: resume to the first step after the cut (spare idle) | $(python3 -c "print(f'{$t3-$t2:.1f} s')") | job $(ctl status "$id" --output json | field state) |"
+
+# 3. The coordinator killed mid-job and restarted on its state directory.
+id=$(submit "$(spec kill-coordinator "$EVERY")")
+wait_checkpoint "$id"
+cut=$(ctl status "$id" --output json | field checkpoint.step)
+kill -9 "$coordinator"
+wait "$coordinator" 2>/dev/null || true
+t0=$(now)
+start_coordinator "$addr"
+wait_step_above "$id" "$cut"
+t1=$(now)
+wait_state "$id" SUCCEEDED FAILED
+echo "| coordinator SIGKILL + restart: to the first step after the cut | $(python3 -c "print(f'{$t1-$t0:.1f} s')") | job $(ctl status "$id" --output json | field state) |"

@@ -1,0 +1,197 @@
+// Checkpoints and export through real processes: a job's cuts are committed
+// with verified manifests, the trained model exports to a file that plain
+// PyTorch (Debian's python3-torch) loads and scores at the job's own test
+// accuracy, and a damaged newest checkpoint is detected and passed over.
+// Label: multiprocess.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "tests/cluster.h"
+#include "tests/process.h"
+
+namespace pipemare::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A 2-stage PipeMare MNIST job of `epochs` epochs cutting a checkpoint every
+// `every` steps, into the cluster's directory, keeping 2.
+std::string CheckpointedSpec(Cluster& cluster, const std::string& name, int64_t train_limit,
+                             int epochs = 1, int every = 40) {
+  return cluster.WriteSpec(
+      name, absl::StrCat(ShortSpec(name, "pipemare", 2, train_limit, epochs),
+                         "checkpoint: {every_steps: ", every, ", keep: 2, dir: ", cluster.dir(),
+                         "/checkpoints}\n"));
+}
+
+std::vector<int64_t> StepDirs(const std::string& job_dir) {
+  std::vector<int64_t> steps;
+  for (const auto& e : fs::directory_iterator(job_dir)) {
+    const std::string name = e.path().filename().string();
+    int64_t k;
+    if (name.rfind("step-", 0) == 0 && absl::SimpleAtoi(name.substr(5), &k)) steps.push_back(k);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+TEST(Checkpoint, ExportLoadsInPlainPyTorchAtTheJobsAccuracy) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok());
+  // 800 steps, a few seconds: the coordinator commits cuts as it sees every
+  // stage has written one (it asks every 250 ms).
+  const std::string spec = CheckpointedSpec(cluster, "ckpt-export", 12800, 2);
+  auto submit = cluster.Ctl({"submit", spec, "--wait"}, 300);
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+  v1::JobStatus job = cluster.Status("job-1");
+  ASSERT_EQ(job.state(), v1::SUCCEEDED);
+  const int64_t total = job.progress().total_steps();
+  ASSERT_EQ(total, 2 * 12800 / 32);
+  // The cut after the last step is committed; the ones before it too
+  // (every 40 steps), and only the newest `keep` remain on disk.
+  EXPECT_EQ(job.checkpoint().step(), total);
+  EXPECT_GE(job.checkpoint().committed(), 2) << cluster.Logs();
+  const std::string job_dir = cluster.dir() + "/checkpoints/job-1";
+  EXPECT_EQ(job.checkpoint().manifest(), absl::StrCat(job_dir, "/step-", total, "/manifest.json"));
+  const std::vector<int64_t> kept = StepDirs(job_dir);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept.back(), total);
+  EXPECT_EQ(kept.front() % 40, 0);
+
+  const std::string out = cluster.dir() + "/model.pt";
+  auto exported = cluster.Ctl({"export", "job-1", "--out", out});
+  ASSERT_EQ(exported.exit_code, 0) << exported.err << cluster.Logs();
+  EXPECT_TRUE(absl::StrContains(exported.err, absl::StrCat("at step ", total))) << exported.err;
+  ASSERT_TRUE(fs::exists(out + ".json"));
+
+  // Plain PyTorch: torch.load, load_state_dict(strict=True), the test split.
+  auto eval = pipemare::testing::Run(
+      {"/usr/bin/python3", std::string(PIPEMARE_SOURCE_DIR) + "/examples/export_eval.py", out},
+      300);
+  ASSERT_EQ(eval.exit_code, 0) << eval.out << eval.err;
+  const size_t at = eval.out.find("\"test_accuracy\": ");
+  ASSERT_NE(at, std::string::npos) << eval.out;
+  double python_accuracy = 0;
+  ASSERT_TRUE(absl::SimpleAtod(eval.out.substr(at + 17, eval.out.find(',', at) - at - 17),
+                               &python_accuracy))
+      << eval.out;
+  EXPECT_GT(job.metrics().test_accuracy(), 0.85) << "a real model was trained";
+  EXPECT_NEAR(python_accuracy, job.metrics().test_accuracy(), 0.001)
+      << "the exported weights are the ones the job evaluated: " << eval.out;
+}
+
+TEST(Checkpoint, ADamagedNewestCheckpointIsDetectedAndThePreviousOneUsed) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok());
+  const std::string spec = CheckpointedSpec(cluster, "ckpt-damaged", 12800, 2);
+  auto submit = cluster.Ctl({"submit", spec, "--wait"}, 300);
+  ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+  const int64_t total = cluster.Status("job-1").progress().total_steps();
+  const std::string job_dir = cluster.dir() + "/checkpoints/job-1";
+  const std::vector<int64_t> kept = StepDirs(job_dir);
+  ASSERT_EQ(kept.size(), 2u);
+  // Truncate one unit file of the newest cut, as a crash mid-copy would.
+  const std::string victim = absl::StrCat(job_dir, "/step-", total, "/unit-00001.pt");
+  ASSERT_TRUE(fs::exists(victim));
+  fs::resize_file(victim, fs::file_size(victim) / 2);
+
+  // Asked for by step: refused, naming the file.
+  auto named = cluster.Ctl({"export", "job-1", "--out", cluster.dir() + "/bad.pt", "--checkpoint",
+                            std::to_string(total)});
+  EXPECT_NE(named.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(named.err, "unit-00001.pt")) << named.err;
+  EXPECT_FALSE(fs::exists(cluster.dir() + "/bad.pt"));
+  // The newest valid one: the previous cut, with the damage counted.
+  const std::string out = cluster.dir() + "/model.pt";
+  auto fallback = cluster.Ctl({"export", "job-1", "--out", out});
+  ASSERT_EQ(fallback.exit_code, 0) << fallback.err << cluster.Logs();
+  EXPECT_TRUE(absl::StrContains(fallback.err, absl::StrCat("at step ", kept.front())))
+      << fallback.err;
+  EXPECT_EQ(cluster.Status("job-1").checkpoint().skipped(), 1);
+  EXPECT_TRUE(absl::StrContains(cluster.Logs(), "skipped a damaged checkpoint")) << cluster.Logs();
+}
+
+TEST(Checkpoint, AJobFailedByADeadWorkerResumesFromItsNewestCheckpoint) {
+  Cluster cluster(2, {"--worker-timeout", "3"});
+  ASSERT_TRUE(cluster.ok());
+  // 2000 steps (a few seconds) so that the kill lands mid-job.
+  const std::string id = cluster.Submit(CheckpointedSpec(cluster, "ckpt-resume", 12800, 5, 100));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(WaitFor(120, [&] { return cluster.Status(id).checkpoint().step() >= 100; }))
+      << cluster.Logs();
+  cluster.worker(1).Signal(SIGKILL);
+  v1::JobStatus failed = cluster.WaitForEnd(id, 60);
+  ASSERT_EQ(failed.state(), v1::FAILED) << cluster.Logs();
+  const int64_t cut = failed.checkpoint().step();
+  ASSERT_GE(cut, 100);
+  ASSERT_LT(cut, failed.progress().total_steps());
+
+  cluster.AddWorker();  // a replacement
+  auto resumed = cluster.Ctl({"resume", id, "--wait"}, 300);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err << cluster.Logs();
+  v1::JobStatus job = cluster.Status(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(job.resumes(), 1);
+  EXPECT_EQ(job.resumed_from_step(), cut);
+  EXPECT_EQ(job.progress().step(), job.progress().total_steps());
+  EXPECT_EQ(job.checkpoint().step(), job.progress().total_steps());
+  ASSERT_EQ(job.epochs_size(), 5) << "every epoch's result, before and after the cut, once";
+  for (int e = 0; e < 5; ++e) EXPECT_EQ(job.epochs(e).epoch(), e + 1);
+  EXPECT_GE(job.metrics().test_accuracy(), 0.9) << "training went on from the cut";
+  EXPECT_TRUE(
+      absl::StrContains(cluster.Logs(), absl::StrCat("resuming from the checkpoint at step ", cut)))
+      << cluster.Logs();
+  // A job that SUCCEEDED is not resumed.
+  auto again = cluster.Ctl({"resume", id});
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(again.err, "only a FAILED or CANCELLED job")) << again.err;
+}
+
+TEST(Checkpoint, AKilledCoordinatorsRunningJobContinuesFromItsCheckpointAfterARestart) {
+  const std::string state = MakeTempDir();
+  Cluster cluster(2, {"--state-dir", state, "--worker-timeout", "3"});
+  ASSERT_TRUE(cluster.ok());
+  const std::string first = cluster.Submit(CheckpointedSpec(cluster, "ckpt-first", 3200, 1, 0));
+  ASSERT_FALSE(first.empty());
+  ASSERT_EQ(cluster.WaitForEnd(first, 120).state(), v1::SUCCEEDED) << cluster.Logs();
+  const std::string id = cluster.Submit(CheckpointedSpec(cluster, "ckpt-coord", 12800, 5, 100));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(WaitFor(120, [&] { return cluster.Status(id).checkpoint().step() >= 100; }))
+      << cluster.Logs();
+  cluster.coordinator().Signal(SIGKILL);
+  cluster.coordinator().Wait(10);
+  cluster.StartCoordinator();
+  ASSERT_FALSE(cluster.address().empty());
+  // Every job submitted before the kill is still listed, with its state.
+  EXPECT_EQ(cluster.Status(first).state(), v1::SUCCEEDED);
+  v1::JobStatus job = cluster.WaitForEnd(id, 300);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << cluster.Logs();
+  EXPECT_EQ(job.resumes(), 1);
+  EXPECT_GE(job.resumed_from_step(), 100);
+  EXPECT_EQ(job.progress().step(), job.progress().total_steps());
+  EXPECT_EQ(job.epochs_size(), 5);
+  EXPECT_GE(job.metrics().test_accuracy(), 0.9);
+}
+
+TEST(Checkpoint, AJobWithoutACheckpointCannotBeExported) {
+  Cluster cluster(0);
+  ASSERT_TRUE(cluster.ok());
+  // Two stages and no workers: the job stays PENDING.
+  const std::string spec = CheckpointedSpec(cluster, "ckpt-pending", 3200);
+  const std::string id = cluster.Submit(spec);
+  ASSERT_FALSE(id.empty());
+  auto r = cluster.Ctl({"export", id, "--out", cluster.dir() + "/none.pt"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "has no committed checkpoint")) << r.err;
+  auto unknown = cluster.Ctl({"export", "job-99", "--out", cluster.dir() + "/none.pt"});
+  EXPECT_NE(unknown.exit_code, 0);
+}
+
+}  // namespace
+}  // namespace pipemare::testing
