@@ -1,6 +1,11 @@
 #include "common/rpc.h"
 
+#include <arpa/inet.h>
 #include <malloc.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 
@@ -78,6 +83,49 @@ absl::Status FromGrpc(const grpc::Status& status) {
     message = absl::StrCat("timed out: ", message);
   }
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), message);
+}
+
+absl::StatusOr<std::string> LocalAddressToward(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not host:port"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string port = address.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", address, ": ", gai_strerror(rc)));
+  }
+  absl::Status last = absl::UnavailableError(absl::StrCat("no address for ", address));
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t length = sizeof(local);
+    char text[INET6_ADDRSTRLEN] = {0};
+    const bool ok = connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+                    getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0;
+    close(fd);
+    if (!ok) {
+      last = absl::UnavailableError(absl::StrCat("no route to ", address));
+      continue;
+    }
+    if (local.ss_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&local)->sin_addr, text, sizeof(text));
+      freeaddrinfo(found);
+      return std::string(text);
+    }
+    inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr, text, sizeof(text));
+    freeaddrinfo(found);
+    return absl::StrCat("[", text, "]");
+  }
+  freeaddrinfo(found);
+  return last;
 }
 
 std::string WithPort(const std::string& address, int port) {

@@ -45,6 +45,13 @@ void TuneMallocForLargeMessages();
 // Replaces the port in "host:port" by `port`.
 std::string WithPort(const std::string& address, int port);
 
+// The local IP address this host uses to reach `address` ("host:port"): the
+// source address the kernel picks for a route to it (a UDP socket connected
+// there; nothing is sent). How a process bound to 0.0.0.0 names itself to a
+// peer without trusting its hostname. UNAVAILABLE naming `address` when it
+// does not resolve or has no route.
+absl::StatusOr<std::string> LocalAddressToward(const std::string& address);
+
 }  // namespace pipemare
 
 #endif  // PIPEMARE_COMMON_RPC_H_

@@ -17,28 +17,47 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   if (request.address().empty() || request.address().find(':') == std::string::npos) {
     return absl::InvalidArgumentError("address: required, as host:port");
   }
+  if (request.instance_id().size() > 128) {
+    return absl::InvalidArgumentError("instance_id: at most 128 bytes");
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  // A worker that restarts on the same address replaces its old entry.
+  std::string id;
   for (auto it = workers_.begin(); it != workers_.end();) {
-    if (it->second.info.address() == request.address()) {
-      it = workers_.erase(it);
+    Entry& e = it->second;
+    const bool same_instance =
+        !request.instance_id().empty() && e.instance_id == request.instance_id();
+    if (same_instance) {
+      id = it->first;  // the same worker again: it keeps its id
+      ++it;
+    } else if (e.info.address() == request.address()) {
+      if (e.info.state() != v1::LOST && !e.instance_id.empty() && !request.instance_id().empty()) {
+        // Two live workers cannot share an address: each would evict the
+        // other on every registration, and stages would go to the wrong one.
+        return absl::AlreadyExistsError(absl::StrCat(
+            "address: ", request.address(), " is already registered by live worker ", it->first,
+            " (another process advertising the same address, e.g. hosts that share "
+            "a hostname); start each worker with --advertise HOST:PORT naming its own IP or DNS "
+            "name"));
+      }
+      it = workers_.erase(it);  // a restarted worker, or one without an instance id
     } else {
       ++it;
     }
   }
-  const std::string id = absl::StrCat("w-", next_id_);
-  Entry e;
-  e.order = next_id_++;
+  if (id.empty()) id = absl::StrCat("w-", next_id_);
+  Entry& e = workers_[id];
+  if (e.order == 0) e.order = next_id_++;
+  e.instance_id = request.instance_id();
   e.info.set_id(id);
   e.info.set_address(request.address());
   e.info.set_device(request.device().empty() ? "cpu" : request.device());
   e.info.set_threads(request.threads());
   e.info.set_metrics_address(request.metrics_address());
   e.info.set_state(v1::IDLE);
+  e.info.clear_job_id();
   e.info.set_stage(-1);
   e.info.set_last_heartbeat_unix_ms(UnixMs());
   e.last_heartbeat = Clock::now();
-  workers_[id] = e;
   return id;
 }
 

@@ -27,7 +27,11 @@ class WorkerRegistry {
   using Clock = std::chrono::steady_clock;
   explicit WorkerRegistry(std::chrono::milliseconds timeout) : timeout_(timeout) {}
 
-  // Adds a worker (or refreshes one with the same address) and returns its id.
+  // Adds a worker and returns its id. A worker registering again with its
+  // instance_id keeps its id; an entry with the same address is replaced
+  // when it is LOST or has no instance_id (a restart); a live one with
+  // another instance_id makes this ALREADY_EXISTS, naming the address and
+  // --advertise (two processes claiming one address never evict each other).
   absl::StatusOr<std::string> Register(const v1::RegisterWorkerRequest& request);
   // NOT_FOUND for unknown or LOST workers.
   absl::Status Heartbeat(const std::string& worker_id);
@@ -53,6 +57,7 @@ class WorkerRegistry {
  private:
   struct Entry {
     v1::WorkerInfo info;
+    std::string instance_id;  // the worker's own id, kept across registrations
     Clock::time_point last_heartbeat;
     int64_t order = 0;
   };

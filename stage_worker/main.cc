@@ -7,9 +7,11 @@
 #include <csignal>
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
@@ -138,12 +140,26 @@ int main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = std::move(*started);
   if (advertise.empty()) {
     advertise = pipemare::WithPort(listen, port);
-    if (advertise.rfind("0.0.0.0:", 0) == 0) {
-      char host[256] = {0};
-      gethostname(host, sizeof(host) - 1);
-      advertise = pipemare::WithPort(host, port);
+    if (advertise.rfind("0.0.0.0:", 0) == 0 || advertise.rfind("[::]:", 0) == 0) {
+      // Bound to every interface: advertise the address this host uses to
+      // reach the coordinator, which peers on that network can reach too
+      // (a hostname may be shared by cloned hosts or containers).
+      auto local = pipemare::LocalAddressToward(coordinator);
+      if (!local.ok()) {
+        pipemare::LogError(
+            absl::StrCat("error: --advertise: cannot work out this host's address "
+                         "toward the coordinator (",
+                         local.status().message(), "); give --advertise HOST:PORT"));
+        return 2;
+      }
+      advertise = pipemare::WithPort(*local, port);
     }
   }
+  // Who this worker is across re-registrations (not its address).
+  const std::string instance_id = [] {
+    std::random_device rd;
+    return absl::StrFormat("%08x%08x", rd(), rd());
+  }();
   service.set_self_address(advertise);
   // Advertise metrics on the same host as the service when bound to any.
   std::string metrics_address;
@@ -171,6 +187,7 @@ int main(int argc, char** argv) {
       req.set_device(device_flag);
       req.set_threads(threads);
       req.set_metrics_address(metrics_address);
+      req.set_instance_id(instance_id);
       pipemare::v1::RegisterWorkerResponse resp;
       auto ctx = pipemare::ContextWithDeadline(5);
       grpc::Status st = stub->RegisterWorker(ctx.get(), req, &resp);
@@ -181,6 +198,12 @@ int main(int argc, char** argv) {
         warned = false;
         pipemare::LogInfo(
             absl::StrCat("registered with coordinator ", coordinator, " as ", worker_id));
+      } else if (st.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+        // Another live worker advertises our address: say so every time (a
+        // configuration error), and retry: if it was our own previous
+        // process, its entry goes LOST and we get in.
+        pipemare::LogError(absl::StrCat("the coordinator refused this worker: ", st.error_message(),
+                                        " (retrying)"));
       } else if (!warned) {
         pipemare::LogWarning(absl::StrCat("cannot register with coordinator ", coordinator, ": ",
                                           st.error_message(), " (retrying)"));
