@@ -131,7 +131,7 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
       }
     }
   }
-  return {by_state, workers_by_state, misses,    info,          step,       total,    epoch,
+  return {by_state, workers_by_state, misses,    unreachable,   info,       step,     total, epoch,
           rate,     train_loss,       eval_loss, eval_accuracy, perplexity, predicted};
 }
 

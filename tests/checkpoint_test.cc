@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -177,6 +180,45 @@ TEST(Checkpoint, AKilledCoordinatorsRunningJobContinuesFromItsCheckpointAfterARe
   EXPECT_EQ(job.progress().step(), job.progress().total_steps());
   EXPECT_EQ(job.epochs_size(), 5);
   EXPECT_GE(job.metrics().test_accuracy(), 0.9);
+}
+
+TEST(Checkpoint, KillingWorkersWhileTheyWriteNeverLeavesABadLatest) {
+  // A cut every 5 steps (~13 ms of training; a write takes about as long):
+  // some stage is nearly always writing one. Kill a
+  // worker at a random moment, 20 times; after each kill the newest
+  // checkpoint must export (every file present and verified, one
+  // generation), and the job resumes from it.
+  Cluster cluster(2, {"--worker-timeout", "3"});
+  ASSERT_TRUE(cluster.ok());
+  const std::string id = cluster.Submit(CheckpointedSpec(cluster, "ckpt-kill", 12800, 20, 5));
+  ASSERT_FALSE(id.empty());
+  std::mt19937 rng(7);
+  int64_t last_cut = 0;
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    ASSERT_TRUE(WaitFor(120, [&] {
+      const v1::JobStatus s = cluster.Status(id);
+      return s.state() == v1::RUNNING && s.checkpoint().step() > last_cut;
+    })) << cluster.Logs();
+    const int victim = cluster.WorkerForStage(cluster.Status(id), static_cast<int>(rng() % 2));
+    ASSERT_GE(victim, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 300));
+    cluster.worker(victim).Signal(SIGKILL);
+    const v1::JobStatus failed = cluster.WaitForEnd(id, 60);
+    ASSERT_EQ(failed.state(), v1::FAILED) << cluster.Logs();
+    last_cut = failed.checkpoint().step();
+    const std::string out = absl::StrCat(cluster.dir(), "/model-", round, ".pt");
+    auto exported =
+        cluster.Ctl({"export", id, "--out", out, "--checkpoint", std::to_string(last_cut)});
+    ASSERT_EQ(exported.exit_code, 0) << "the committed cut verifies: " << exported.err;
+    // "latest" names the committed cut, whose manifest is of that cut.
+    const std::string job_dir = cluster.dir() + "/checkpoints/" + id;
+    EXPECT_EQ(ReadFile(job_dir + "/latest"), absl::StrCat("step-", last_cut, "\n"));
+    cluster.AddWorker();  // the killed one's replacement
+    auto resumed = cluster.Ctl({"resume", id});
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err << cluster.Logs();
+  }
+  cluster.Ctl({"cancel", id});
 }
 
 TEST(Checkpoint, AJobWithoutACheckpointCannotBeExported) {

@@ -5,6 +5,7 @@
 
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -110,6 +111,16 @@ int Cluster::CountWorkers(v1::WorkerState state) {
   const v1::ListWorkersResponse workers = Workers();
   for (const auto& w : workers.workers()) n += w.state() == state;
   return n;
+}
+
+int Cluster::WorkerForStage(const v1::JobStatus& job, int stage) {
+  if (stage >= job.stages_size()) return -1;
+  const std::string addr = job.stages(stage).worker_address();
+  for (int i = 0; i < worker_count(); ++i) {
+    // Worker i's log names the address it serves on.
+    if (absl::StrContains(worker(i).Log(), "serving on " + addr + " ")) return i;
+  }
+  return -1;
 }
 
 std::string Cluster::Submit(const std::string& spec_path) {

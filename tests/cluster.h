@@ -44,6 +44,8 @@ class Cluster {
   // Waits until the job reaches a terminal state; returns the final status.
   v1::JobStatus WaitForEnd(const std::string& job_id, double seconds);
   int CountWorkers(v1::WorkerState state);
+  // Index of the worker process serving `stage` of `job`, or -1.
+  int WorkerForStage(const v1::JobStatus& job, int stage);
   std::string Logs();
 
  private:

@@ -10,16 +10,6 @@
 namespace pipemare::testing {
 namespace {
 
-int WorkerIndexForStage(Cluster& cluster, const v1::JobStatus& job, int stage) {
-  const std::string addr = job.stages(stage).worker_address();
-  auto workers = cluster.Workers();
-  for (int i = 0; i < cluster.worker_count(); ++i) {
-    // Worker i's log names the address it serves on.
-    if (absl::StrContains(cluster.worker(i).Log(), "serving on " + addr)) return i;
-  }
-  return -1;
-}
-
 TEST(Failure, KilledWorkerFailsTheJobAndOthersReturnToIdle) {
   Cluster cluster(3, {"--worker-timeout", "3"});
   ASSERT_TRUE(cluster.ok());
@@ -31,7 +21,7 @@ TEST(Failure, KilledWorkerFailsTheJobAndOthersReturnToIdle) {
     job = cluster.Status(id);
     return job.progress().step() > 20;
   }));
-  const int victim = WorkerIndexForStage(cluster, job, 1);
+  const int victim = cluster.WorkerForStage(job, 1);
   ASSERT_GE(victim, 0);
   cluster.worker(victim).Signal(SIGKILL);
 
