@@ -29,14 +29,15 @@ state="$work/state"
 start_coordinator() {
   rm -f "$work/addr"
   "$bin/pipemare-coordinator" --listen "${1:-127.0.0.1:0}" --address-file "$work/addr" \
-    --state-dir "$state" --worker-timeout 3 2>>"$work/coordinator.log" &
+    --metrics-listen 127.0.0.1:0 --state-dir "$state" --worker-timeout 3 \
+    2>>"$work/coordinator.log" &
   coordinator=$!
   for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
   addr=$(cat "$work/addr")
 }
 start_worker() {
   "$bin/pipemare-worker" --coordinator "$addr" --listen 127.0.0.1:0 --threads 1 \
-    --coordinator-timeout 4 2>>"$work/worker-$1.log" &
+    --metrics-listen 127.0.0.1:0 --coordinator-timeout 4 2>>"$work/worker-$1.log" &
   worker_pid[$1]=$!
 }
 ctl() { "$bin/pipemarectl" --coordinator "$addr" "$@"; }

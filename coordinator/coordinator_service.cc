@@ -79,7 +79,7 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
 
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
                                            v1::HeartbeatResponse*) {
-  return ToGrpc(registry_->Heartbeat(req->worker_id()));
+  return ToGrpc(registry_->Heartbeat(req->worker_id(), req->instance_id()));
 }
 
 grpc::Status CoordinatorService::ExportModel(grpc::ServerContext*,

@@ -37,6 +37,17 @@ TEST(WorkerRegistryTest, AWorkerRegisteringAgainKeepsItsId) {
   EXPECT_EQ(registry.List()[0].address(), "10.0.0.9:7071");
 }
 
+TEST(WorkerRegistryTest, AHeartbeatUnderAnIdGivenToAnotherInstanceIsNotFound) {
+  // After a coordinator restart ids start again at w-1: a worker still
+  // heartbeating as w-1 from before must register anew, not pass for the
+  // new w-1.
+  WorkerRegistry registry(std::chrono::seconds(5));
+  auto id = registry.Register(Worker("10.0.0.2:7071", "new-one"));
+  ASSERT_TRUE(id.ok());
+  EXPECT_TRUE(registry.Heartbeat(*id, "new-one").ok());
+  EXPECT_EQ(registry.Heartbeat(*id, "old-one").code(), absl::StatusCode::kNotFound);
+}
+
 TEST(WorkerRegistryTest, TwoLiveWorkersClaimingOneAddressAreRefusedNotEvicted) {
   WorkerRegistry registry(std::chrono::seconds(5));
   auto first = registry.Register(Worker("vm:7071", "aaaa"));

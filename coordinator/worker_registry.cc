@@ -61,10 +61,12 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   return id;
 }
 
-absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id) {
+absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id,
+                                       const std::string& instance_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.info.state() == v1::LOST) {
+  if (it == workers_.end() || it->second.info.state() == v1::LOST ||
+      (!instance_id.empty() && it->second.instance_id != instance_id)) {
     return absl::NotFoundError(
         absl::StrCat("worker_id: '", worker_id, "' is not registered; register again"));
   }

@@ -33,8 +33,10 @@ class WorkerRegistry {
   // another instance_id makes this ALREADY_EXISTS, naming the address and
   // --advertise (two processes claiming one address never evict each other).
   absl::StatusOr<std::string> Register(const v1::RegisterWorkerRequest& request);
-  // NOT_FOUND for unknown or LOST workers.
-  absl::Status Heartbeat(const std::string& worker_id);
+  // NOT_FOUND for unknown or LOST workers, and for a worker id registered by
+  // another instance (ids restart with the coordinator; the instance does
+  // not). An empty `instance_id` skips that check.
+  absl::Status Heartbeat(const std::string& worker_id, const std::string& instance_id = "");
   // Marks workers without a recent heartbeat LOST; returns how many.
   int MarkLost();
 

@@ -212,6 +212,7 @@ int main(int argc, char** argv) {
     } else {
       pipemare::v1::HeartbeatRequest req;
       req.set_worker_id(worker_id);
+      req.set_instance_id(instance_id);
       pipemare::v1::HeartbeatResponse resp;
       auto ctx = pipemare::ContextWithDeadline(5);
       grpc::Status st = stub->Heartbeat(ctx.get(), req, &resp);

@@ -322,7 +322,7 @@ bool StageHost::NextEvent(Event* event) {
     }
     return activations_.end();
   };
-  while (!stopping_) {
+  while (!stopping_ && !failed_) {  // a failed stage computes nothing more
     auto act = ready_activation();
     const bool have_act = act != activations_.end();
     // Exactly the input the plan's next action needs; between epochs,

@@ -190,7 +190,7 @@ TEST(Checkpoint, KillingWorkersWhileTheyWriteNeverLeavesABadLatest) {
   // generation), and the job resumes from it.
   Cluster cluster(2, {"--worker-timeout", "3"});
   ASSERT_TRUE(cluster.ok());
-  const std::string id = cluster.Submit(CheckpointedSpec(cluster, "ckpt-kill", 12800, 20, 5));
+  const std::string id = cluster.Submit(CheckpointedSpec(cluster, "ckpt-kill", 12800, 100, 5));
   ASSERT_FALSE(id.empty());
   std::mt19937 rng(7);
   int64_t last_cut = 0;
