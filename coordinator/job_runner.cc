@@ -4,6 +4,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -134,6 +135,7 @@ class JobRunner::Impl {
   std::string input_json_;          // the input's shape and normalisation
   int64_t committed_step_ = 0;
   int32_t committed_ = 0;
+  std::map<int64_t, std::map<int, v1::CheckpointWritten>> reported_;  // step -> stage -> files
   Clock::time_point last_checkpoint_poll_;
 };
 
@@ -422,11 +424,21 @@ absl::Status JobRunner::Impl::PollCheckpoints() {
     }
     written[i] = resp.checkpoint();
   }
-  const int64_t step = written[0].step();
-  for (const auto& w : written) {
-    if (w.step() != step) return absl::OkStatus();  // a cut still being written
+  // Stages report their newest cut; they reach a cut at different moments,
+  // so remember what each reported and commit the newest cut all have.
+  for (int i = 0; i < P_; ++i) {
+    if (written[i].step() > committed_step_) reported_[written[i].step()][i] = written[i];
+  }
+  int64_t step = 0;
+  for (auto it = reported_.rbegin(); it != reported_.rend(); ++it) {
+    if (static_cast<int>(it->second.size()) == P_) {
+      step = it->first;
+      break;
+    }
   }
   if (step <= committed_step_) return absl::OkStatus();
+  for (int i = 0; i < P_; ++i) written[i] = reported_[step][i];
+  reported_.erase(reported_.begin(), reported_.upper_bound(step));
   const int N = spec_.schedule().microbatches_per_step();
   Manifest m;
   m.job = r_.job_id_;
