@@ -301,6 +301,24 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
     elapsed += absl::StrCat(" (ETA ", FormatDuration(metrics.eta_seconds()), ")");
   }
   summary.AddRow({"ELAPSED", elapsed});
+  if (job.checkpoint().step() > 0) {
+    summary.AddRow({"CHECKPOINT", Format("step %lld (%d committed)",
+                                         static_cast<long long>(job.checkpoint().step()),
+                                         job.checkpoint().committed())});
+  }
+  for (int i = 0; i < job.restarts_size(); ++i) {
+    const auto& r = job.restarts(i);
+    summary.AddRow(
+        {i == 0 ? "RESTARTS" : "",
+         Format("%d: stage %d (%s) lost at step %lld, on from step %lld on %d stages%s; %s", i + 1,
+                r.stage(), OrDash(r.worker_id()).c_str(),
+                static_cast<long long>(r.failed_at_step()), static_cast<long long>(r.from_step()),
+                r.stages(),
+                r.recover_seconds() > 0
+                    ? Format(", trained again after %.1f s", r.recover_seconds()).c_str()
+                    : "",
+                r.cause().c_str())});
+  }
 
   std::string out = summary.Render();
 

@@ -40,7 +40,8 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
 
   MetricFamily by_state = Family("pipemare_jobs", "Jobs by state", MetricType::Gauge);
   std::map<v1::JobState, int> job_counts;
-  for (v1::JobState s : {v1::PENDING, v1::RUNNING, v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
+  for (v1::JobState s :
+       {v1::PENDING, v1::RUNNING, v1::RECOVERING, v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
     job_counts[s] = 0;
   }
   for (const auto& j : jobs) ++job_counts[j.state()];
@@ -92,6 +93,13 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
       Family("pipemare_job_eval_perplexity",
              "Language models: held-out perplexity, exp(eval loss), after the last finished epoch",
              MetricType::Gauge);
+  MetricFamily restarts = Family(
+      "pipemare_job_restarts_total",
+      "Automatic recoveries of the job from a lost worker (status: restarts)", MetricType::Counter);
+  MetricFamily recover_seconds =
+      Family("pipemare_job_last_recovery_seconds",
+             "From detecting the job's last failure to its first step trained after it",
+             MetricType::Gauge);
   MetricFamily predicted =
       Family("pipemare_stage_predicted_seconds",
              "The profile partition's predicted forward + backward seconds per microbatch of "
@@ -99,7 +107,8 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
              MetricType::Gauge);
   int others = 0;
   for (const auto& j : jobs) {
-    const bool live = j.state() == v1::PENDING || j.state() == v1::RUNNING;
+    const bool live =
+        j.state() == v1::PENDING || j.state() == v1::RUNNING || j.state() == v1::RECOVERING;
     if (!live && ++others > kRecentJobs) continue;
     const std::vector<ClientMetric::Label> id = {{"job_id", j.id()}};
     Add(info,
@@ -119,6 +128,10 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
           s.predicted_seconds());
     }
     Add(step, id, static_cast<double>(j.progress().step()));
+    Add(restarts, id, j.restarts_size());
+    if (!j.restarts().empty() && j.restarts().rbegin()->recover_seconds() > 0) {
+      Add(recover_seconds, id, j.restarts().rbegin()->recover_seconds());
+    }
     Add(total, id, static_cast<double>(j.progress().total_steps()));
     Add(epoch, id, j.progress().epoch());
     Add(rate, id, j.metrics().samples_per_second());
@@ -131,8 +144,14 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
       }
     }
   }
-  return {by_state, workers_by_state, misses,    unreachable,   info,       step,     total, epoch,
-          rate,     train_loss,       eval_loss, eval_accuracy, perplexity, predicted};
+  return {by_state,   workers_by_state,
+          misses,     unreachable,
+          info,       step,
+          total,      epoch,
+          rate,       train_loss,
+          eval_loss,  eval_accuracy,
+          perplexity, predicted,
+          restarts,   recover_seconds};
 }
 
 }  // namespace pipemare

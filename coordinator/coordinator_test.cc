@@ -92,7 +92,7 @@ TEST(WorkerRegistryTest, AnUnreachableWorkerGetsNoStage) {
 }
 
 TEST(JobStoreTest, TheLifecycleTableAllowsResumeButNothingAfterSuccess) {
-  JobStore store("");
+  JobStore store;
   v1::JobSpec spec;
   spec.set_name("j");
   const std::string id = store.Create(spec).id();
@@ -103,20 +103,27 @@ TEST(JobStoreTest, TheLifecycleTableAllowsResumeButNothingAfterSuccess) {
   ASSERT_TRUE(store.UpdateState(id, v1::PENDING, "resuming").ok());
   EXPECT_EQ(store.Get(id)->finished_unix_ms(), 0);
   ASSERT_TRUE(store.UpdateState(id, v1::RUNNING, "").ok());
+  // A lost worker: RECOVERING, then on (never back to PENDING).
+  ASSERT_TRUE(store.UpdateState(id, v1::RECOVERING, "lost stage 1").ok());
+  EXPECT_FALSE(store.UpdateState(id, v1::PENDING, "").ok());
+  EXPECT_FALSE(store.UpdateState(id, v1::SUCCEEDED, "").ok()) << "only a run succeeds";
+  ASSERT_TRUE(store.UpdateState(id, v1::RUNNING, "").ok());
   ASSERT_TRUE(store.UpdateState(id, v1::SUCCEEDED, "").ok());
-  for (auto to : {v1::PENDING, v1::RUNNING, v1::FAILED, v1::CANCELLED}) {
+  for (auto to : {v1::PENDING, v1::RUNNING, v1::RECOVERING, v1::FAILED, v1::CANCELLED}) {
     auto st = store.UpdateState(id, to, "");
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << v1::JobState_Name(to);
     EXPECT_THAT(std::string(st.message()), HasSubstr("already ended SUCCEEDED"));
   }
 }
 
-TEST(JobStoreTest, ARestartResumesRunningJobsThatHaveACheckpointAndFailsTheOthers) {
+TEST(JobStoreTest, ARestartContinuesRunningJobsFromTheirCheckpointOrTheirFirstStep) {
   std::string dir = (std::filesystem::temp_directory_path() / "pipemare-store-XXXXXX").string();
   ASSERT_NE(mkdtemp(dir.data()), nullptr);
   std::string with, without, done;
   {
-    JobStore store(dir);
+    auto opened = JobStore::Open(dir);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    JobStore& store = **opened;
     v1::JobSpec spec;
     spec.set_name("j");
     with = store.Create(spec).id();
@@ -135,17 +142,21 @@ TEST(JobStoreTest, ARestartResumesRunningJobsThatHaveACheckpointAndFailsTheOther
                             })
                     .ok());
   }  // the coordinator dies
-  JobStore restarted(dir);
+  auto reopened = JobStore::Open(dir);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  JobStore& restarted = **reopened;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/state.db"));
   auto a = restarted.Get(with);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->state(), v1::PENDING);
   EXPECT_EQ(a->resumes(), 1);
   EXPECT_EQ(a->progress().step(), 40) << "progress restarts at the cut";
-  EXPECT_THAT(a->reason(), HasSubstr("resumes from its newest checkpoint"));
-  EXPECT_EQ(restarted.Get(without)->state(), v1::FAILED);
-  EXPECT_THAT(restarted.Get(without)->reason(), HasSubstr("before its first checkpoint"));
+  EXPECT_THAT(a->reason(), HasSubstr("continues from its newest checkpoint"));
+  EXPECT_EQ(restarted.Get(without)->state(), v1::PENDING);
+  EXPECT_THAT(restarted.Get(without)->reason(), HasSubstr("runs again from its first step"));
   EXPECT_EQ(restarted.Get(done)->state(), v1::SUCCEEDED);
-  EXPECT_EQ(restarted.Pending(), std::vector<std::string>{with});
+  EXPECT_EQ(restarted.Pending(), (std::vector<std::string>{with, without}));
+  EXPECT_EQ(restarted.Create(v1::JobSpec()).id(), "job-4") << "ids are never reused";
   std::filesystem::remove_all(dir);
 }
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -246,33 +247,17 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
             absl::StrCat("assigned to worker ", workers[i].id(), " at ", workers[i].address()));
   }
   runners_[id] = std::thread([this, id, workers = std::move(workers), flag]() mutable {
-    auto job = store_->Get(id);
-    // A job with a committed checkpoint (resumed, or running when the
-    // coordinator restarted) continues from its newest valid one.
-    std::optional<Manifest> resume;
-    absl::Status result = job.status();
-    if (job.ok() && !job->checkpoint().manifest().empty()) {
-      std::vector<std::string> skipped;
-      auto m = NewestValidManifest(CheckpointDirOf(*job), id, &skipped);
-      for (const auto& why : skipped) {
-        LogError(ForJob(id), absl::StrCat("skipped a damaged checkpoint: ", why));
-      }
-      if (m.ok()) resume = std::move(*m);
-      result = m.status();
-    }
-    if (result.ok()) {
-      result = JobRunner(id, job->spec(), std::move(workers), store_, registry_, flag.get(),
-                         options_, resume ? &*resume : nullptr)
-                   .Run();
-    }
+    const absl::Status result = RunJob(id, std::move(workers), *flag);
     registry_->Release(id);
     if (result.ok()) {
       store_->UpdateState(id, v1::SUCCEEDED, "").IgnoreError();
     } else if (absl::IsCancelled(result) && ShuttingDown()) {
-      // The cancel flag was raised by ~JobManager, not by a user.
+      // The cancel flag was raised by ~JobManager, not by a user: the next
+      // coordinator on this state directory runs it on.
       store_
           ->UpdateState(id, v1::FAILED,
-                        "the coordinator shut down while this job was running; resubmit it")
+                        "the coordinator shut down while this job was running; `pipemarectl "
+                        "resume` continues it from its newest checkpoint")
           .IgnoreError();
     } else if (absl::IsCancelled(result)) {
       store_->UpdateState(id, v1::CANCELLED, std::string(result.message())).IgnoreError();
@@ -289,6 +274,151 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
     }
     cv_.notify_all();
   });
+}
+
+namespace {
+// A failure recovery can help: a worker lost, a stream broken, a stage that
+// stopped answering. Bad input, divergence and cancellation are not.
+bool Recoverable(const absl::Status& st) {
+  return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st);
+}
+}  // namespace
+
+absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInfo> workers,
+                                const std::atomic<bool>& cancel) {
+  WorkerRegistry::Clock::time_point recovering_since{};
+  for (;;) {
+    auto job = store_->Get(id);
+    if (!job.ok()) return job.status();
+    // A job with a committed checkpoint (resumed, recovering, or running
+    // when the coordinator restarted) continues from its newest valid one.
+    std::optional<Manifest> resume;
+    if (!job->checkpoint().manifest().empty()) {
+      std::vector<std::string> skipped;
+      auto m = NewestValidManifest(CheckpointDirOf(*job), id, &skipped);
+      for (const auto& why : skipped) {
+        LogError(ForJob(id), absl::StrCat("skipped a damaged checkpoint: ", why));
+      }
+      if (!skipped.empty()) {
+        store_
+            ->Update(id,
+                     [&](v1::JobStatus& s) {
+                       s.mutable_checkpoint()->set_skipped(s.checkpoint().skipped() +
+                                                           static_cast<int>(skipped.size()));
+                     })
+            .IgnoreError();
+      }
+      if (!m.ok()) return m.status();
+      resume = std::move(*m);
+    }
+    RunContext context;
+    context.generation = job->generation() + 1;
+    context.resume = resume ? &*resume : nullptr;
+    context.recovering_since = recovering_since;
+    store_->Update(id, [&](v1::JobStatus& s) { s.set_generation(context.generation); })
+        .IgnoreError();
+    const absl::Status result =
+        JobRunner(id, job->spec(), workers, store_, registry_, &cancel, options_, &context).Run();
+    if (result.ok() || !Recoverable(result) || cancel.load()) return result;
+    auto recovered = Recover(id, result, context, &workers, cancel);
+    if (!recovered.ok()) return recovered.status();
+    recovering_since = *recovered;
+  }
+}
+
+absl::StatusOr<WorkerRegistry::Clock::time_point> JobManager::Recover(
+    const std::string& id, const absl::Status& failure, const RunContext& run,
+    std::vector<v1::WorkerInfo>* workers, const std::atomic<bool>& cancel) {
+  const auto detected = WorkerRegistry::Clock::now();
+  auto job = store_->Get(id);
+  if (!job.ok()) return job.status();
+  const v1::RecoverySpec& policy = job->spec().recovery();
+  if (job->restarts_size() >= policy.max_restarts()) {
+    return absl::UnavailableError(absl::StrCat(
+        failure.message(),
+        policy.max_restarts() == 0
+            ? " (recovery is off: recovery.max_restarts is 0)"
+            : absl::StrCat(" (no recovery left: recovery.max_restarts = ", policy.max_restarts(),
+                           " used up; raise it to allow more)")));
+  }
+  std::set<int> lost(run.lost_stages.begin(), run.lost_stages.end());
+  const int P = static_cast<int>(workers->size());
+  v1::Restart restart;
+  restart.set_cause(std::string(failure.message()));
+  restart.set_stage(lost.empty() ? -1 : *lost.begin());
+  if (!lost.empty()) restart.set_worker_id((*workers)[*lost.begin()].id());
+  restart.set_failed_at_step(job->progress().step());
+  restart.set_from_step(job->checkpoint().step());
+  restart.set_detected_unix_ms(NowUnixMs());
+  std::string lost_names;
+  for (int i : lost) {
+    absl::StrAppend(&lost_names, lost_names.empty() ? "" : ", ", "stage ", i, " (worker ",
+                    (*workers)[i].id(), ")");
+  }
+  const std::string what = lost.empty() ? "the pipeline failed" : absl::StrCat("lost ", lost_names);
+  if (auto st = store_->UpdateState(
+          id, v1::RECOVERING,
+          absl::StrCat(what, ": ", failure.message(), "; recovering from the checkpoint at step ",
+                       job->checkpoint().step(), " (restart ", job->restarts_size() + 1, " of ",
+                       policy.max_restarts(), ")"));
+      !st.ok()) {
+    return st;
+  }
+  // Survivors stay reserved for the job; a lost stage's place goes to an
+  // idle worker, waiting at most recovery.wait_seconds.
+  std::vector<v1::WorkerInfo> kept;
+  for (int i = 0; i < P; ++i) {
+    if (!lost.count(i)) kept.push_back((*workers)[i]);
+  }
+  const int need = P - static_cast<int>(kept.size());
+  const auto deadline =
+      detected + std::chrono::milliseconds(static_cast<int64_t>(policy.wait_seconds() * 1000));
+  std::optional<std::vector<v1::WorkerInfo>> replacements;
+  if (need > 0) {
+    for (;;) {
+      if (cancel.load()) return absl::CancelledError("cancelled by the user while recovering");
+      replacements = registry_->Acquire(need, id);
+      if (replacements || WorkerRegistry::Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  } else {
+    replacements.emplace();
+  }
+  v1::JobSpec spec = job->spec();
+  if (replacements) {
+    size_t next = 0;
+    for (int i : lost) (*workers)[i] = (*replacements)[next++];
+  } else if (policy.shrink() && !kept.empty()) {
+    // Re-partition onto the workers the job still has; T1 follows the new P.
+    *workers = kept;
+    auto* sched = spec.mutable_schedule();
+    sched->set_stages(static_cast<int>(kept.size()));
+    if (sched->partition() == "split") sched->set_partition("parameters");
+    sched->clear_split();
+    LogWarning(ForJob(id),
+               absl::StrCat("no idle worker within recovery.wait_seconds (", policy.wait_seconds(),
+                            " s); shrinking from ", P, " to ", kept.size(), " stages"));
+  } else {
+    return absl::UnavailableError(
+        absl::StrCat(what, " and no idle worker replaced it within recovery.wait_seconds (",
+                     policy.wait_seconds(), " s): ", failure.message(),
+                     "; add workers and `pipemarectl resume` it, or set recovery.shrink: true"));
+  }
+  restart.set_stages(static_cast<int>(workers->size()));
+  store_
+      ->Update(id,
+               [&](v1::JobStatus& s) {
+                 *s.mutable_spec() = spec;
+                 *s.add_restarts() = restart;
+               })
+      .IgnoreError();
+  for (size_t i = 0; i < workers->size(); ++i) {
+    LogInfo(
+        ForStage(id, static_cast<int>(i)),
+        absl::StrCat("recovering on worker ", (*workers)[i].id(), " at ", (*workers)[i].address()));
+  }
+  if (auto st = store_->UpdateState(id, v1::RUNNING, ""); !st.ok()) return st;
+  return detected;
 }
 
 }  // namespace pipemare

@@ -1,6 +1,8 @@
 // JobManager: accepts jobs (validating them at the edge), queues them, starts
-// a JobRunner for the oldest PENDING job once enough workers are idle, and
-// records how each run ended. Also marks silent workers LOST.
+// a JobRunner for the oldest PENDING job once enough workers are idle,
+// recovers a job that lost a worker (RECOVERING: replacement or shrink, then
+// on from its newest checkpoint), and records how each job ended. Also marks
+// silent workers LOST.
 //
 // Thread-safe. Owns one scheduler thread and one thread per running job.
 #ifndef PIPEMARE_COORDINATOR_JOB_MANAGER_H_
@@ -50,6 +52,19 @@ class JobManager {
   void SchedulerLoop();
   bool ShuttingDown();
   void StartJob(const std::string& id, std::vector<v1::WorkerInfo> workers);
+  // Runs job `id` on `workers` to its end, recovering from lost workers as
+  // its spec's recovery allows; returns how it ended.
+  absl::Status RunJob(const std::string& id, std::vector<v1::WorkerInfo> workers,
+                      const std::atomic<bool>& cancel);
+  // After a recoverable failure of one run: RECOVERING, a Restart record,
+  // replacements for the lost stages' workers (or fewer stages with
+  // recovery.shrink), RUNNING again. Returns when the failure was detected;
+  // an error ends the job.
+  absl::StatusOr<WorkerRegistry::Clock::time_point> Recover(const std::string& id,
+                                                            const absl::Status& failure,
+                                                            const RunContext& run,
+                                                            std::vector<v1::WorkerInfo>* workers,
+                                                            const std::atomic<bool>& cancel);
 
   JobStore* const store_;
   WorkerRegistry* const registry_;

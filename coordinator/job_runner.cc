@@ -31,7 +31,7 @@ using FeedStream = grpc::ClientReaderWriter<v1::StageMessage, v1::StageMessage>;
 
 JobRunner::JobRunner(std::string job_id, v1::JobSpec spec, std::vector<v1::WorkerInfo> workers,
                      JobStore* store, WorkerRegistry* registry, const std::atomic<bool>* cancel,
-                     RunnerOptions options, const Manifest* resume)
+                     RunnerOptions options, RunContext* context)
     : job_id_(std::move(job_id)),
       spec_(std::move(spec)),
       workers_(std::move(workers)),
@@ -39,7 +39,7 @@ JobRunner::JobRunner(std::string job_id, v1::JobSpec spec, std::vector<v1::Worke
       registry_(registry),
       cancel_(cancel),
       options_(options),
-      resume_(resume) {}
+      context_(context) {}
 
 class JobRunner::Impl {
  public:
@@ -157,6 +157,7 @@ absl::Status JobRunner::Impl::LoadStages(std::vector<v1::StageAssignment> assign
           absl::StrCat("loading ", StageLabel(i), " failed: ", st.error_message()));
     }
     r_.registry_->SetStage(r_.workers_[i].id(), i);
+    if (resp.restored_from_memory()) ++r_.context_->restored_from_memory;
     r_.store_
         ->Update(r_.job_id_,
                  [&](v1::JobStatus& s) {
@@ -175,6 +176,7 @@ absl::Status JobRunner::Impl::OpenFeed(Feed& feed, int stage, v1::StreamOpen::Ro
   open.mutable_open()->set_job_id(r_.job_id_);
   open.mutable_open()->set_role(role);
   open.mutable_open()->set_from_stage(-1);
+  open.mutable_open()->set_generation(r_.context_->generation);
   if (!feed.stream->Write(open)) {
     return absl::UnavailableError(absl::StrCat("cannot open the data feed to ", StageLabel(stage)));
   }
@@ -236,10 +238,13 @@ void JobRunner::Impl::ReleaseStages() {
     v1::ReleaseStageResponse resp;
     auto ctx = ContextWithDeadline(3);
     grpc::Status st = stubs_[i]->ReleaseStage(ctx.get(), req, &resp);
-    if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      // Dead or cut off: not idle for the next job (or this one's resume)
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+        r_.registry_->IsLost(r_.workers_[i].id())) {
+      // Dead or cut off: not idle for the next job (or this one's recovery)
       // until it heartbeats again.
       r_.registry_->MarkUnreachable(r_.workers_[i].id());
+      r_.context_->lost_stages.push_back(static_cast<int>(i));
       LogWarning(ForJob(r_.job_id_), absl::StrCat(StageLabel(i), " is unreachable (",
                                                   st.error_message(), "); marked LOST"));
     }
@@ -289,6 +294,23 @@ void JobRunner::Impl::Handle(const FeedEvent& e) {
   if (e.kind == FeedEvent::kDone) {
     --in_flight_;
     ++train_done_;
+    if (r_.context_->recovering_since != Clock::time_point() &&
+        train_done_ % spec_.schedule().microbatches_per_step() == 0) {
+      // The first step trained after a recovery ends its timeline.
+      const double seconds =
+          std::chrono::duration<double>(Clock::now() - r_.context_->recovering_since).count();
+      r_.context_->recovering_since = Clock::time_point();
+      r_.store_
+          ->Update(r_.job_id_,
+                   [&](v1::JobStatus& s) {
+                     if (!s.restarts().empty()) {
+                       s.mutable_restarts()->rbegin()->set_recover_seconds(seconds);
+                     }
+                   })
+          .IgnoreError();
+      LogInfo(ForJob(r_.job_id_), absl::StrCat("recovered: first step trained ", seconds,
+                                               " s after the failure was detected"));
+    }
   } else if (e.kind == FeedEvent::kResult) {
     if (e.phase == v1::EVAL) {
       --eval_pending_;
@@ -338,6 +360,7 @@ absl::Status JobRunner::Impl::WaitUntil(const std::function<bool()>& done) {
     }
     for (int i = 0; i < P_; ++i) {
       if (r_.registry_->IsLost(r_.workers_[i].id())) {
+        r_.context_->lost_stages.push_back(i);
         return absl::UnavailableError(
             absl::StrCat(StageLabel(i), " stopped sending heartbeats; the worker is lost"));
       }
@@ -423,6 +446,9 @@ absl::Status JobRunner::Impl::PollCheckpoints() {
           "; check checkpoint.dir (", checkpoint_dir_, ") is writable from every worker"));
     }
     written[i] = resp.checkpoint();
+    if (written[i].step() > 0 && written[i].generation() != r_.context_->generation) {
+      written[i].Clear();  // another run's cut (fencing); not this run's to commit
+    }
   }
   // Stages report their newest cut; they reach a cut at different moments,
   // so remember what each reported and commit the newest cut all have.
@@ -442,6 +468,7 @@ absl::Status JobRunner::Impl::PollCheckpoints() {
   const int N = spec_.schedule().microbatches_per_step();
   Manifest m;
   m.job = r_.job_id_;
+  m.generation = r_.context_->generation;
   m.step = step;
   m.microbatch = step * N;
   m.epoch = step / steps_per_epoch_ + 1;
@@ -654,7 +681,11 @@ absl::Status JobRunner::Impl::Run() {
         absl::StrCat("{\"shape\":[", shape, "],\"tokens\":", plan->input.tokens ? "true" : "false",
                      ",\"normalisation\":[", channels, "]}");
   }
-  const Manifest* resume = r_.resume_;
+  const Manifest* resume = r_.context_->resume;
+  if (resume == nullptr) {
+    // A first run, or one run again from its first step: no old results.
+    r_.store_->Update(r_.job_id_, [](v1::JobStatus& s) { s.clear_epochs(); }).IgnoreError();
+  }
   if (resume != nullptr) {
     if (resume->step >= total_steps_ || resume->step < 0) {
       return absl::FailedPreconditionError(absl::StrCat("the checkpoint at step ", resume->step,
@@ -682,6 +713,7 @@ absl::Status JobRunner::Impl::Run() {
   }
   for (auto& a : *assignments) {
     a.set_checkpoint_dir(checkpoint_dir_);
+    a.set_generation(r_.context_->generation);
     if (resume != nullptr) {
       a.set_start_step(resume->step);
       for (const auto& f : resume->files) {
@@ -707,6 +739,17 @@ absl::Status JobRunner::Impl::Run() {
     if (!valid.ok()) return valid;
   }
   absl::Status st = LoadStages(std::move(*assignments));
+  if (st.ok() && r_.context_->recovering_since != Clock::time_point()) {
+    const int from_memory = r_.context_->restored_from_memory;
+    r_.store_
+        ->Update(r_.job_id_,
+                 [&](v1::JobStatus& s) {
+                   if (!s.restarts().empty()) {
+                     s.mutable_restarts()->rbegin()->set_restored_from_memory(from_memory);
+                   }
+                 })
+        .IgnoreError();
+  }
   if (st.ok()) st = OpenFeed(target_feed_, P_ - 1, v1::StreamOpen::TARGET_FEED);
   if (st.ok()) st = OpenFeed(input_feed_, 0, v1::StreamOpen::INPUT_FEED);
   if (!st.ok()) {

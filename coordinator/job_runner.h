@@ -10,6 +10,7 @@
 #define PIPEMARE_COORDINATOR_JOB_RUNNER_H_
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -31,14 +32,32 @@ struct RunnerOptions {
   double final_checkpoint_timeout_seconds = 120;
 };
 
+// One run of a job: which generation it is, where it starts, and what it
+// reports back for recovery (JobManager).
+struct RunContext {
+  // Fencing (JobStatus.generation): stamped on every assignment, stream and
+  // manifest of this run.
+  int64_t generation = 0;
+  // A verified checkpoint of this job to continue from (not owned; null: the
+  // first step): every stage restores its units from it, and step count,
+  // learning rates, data position and results continue after its step.
+  const Manifest* resume = nullptr;
+  // Set when this run recovers from a failure detected then: the first step
+  // it trains completes the job's last Restart (recover_seconds).
+  std::chrono::steady_clock::time_point recovering_since{};
+  // Out: the stages whose workers were lost (unreachable, or silent past the
+  // heartbeat timeout) when the run ended, and how many stages restored
+  // their units from memory.
+  std::vector<int> lost_stages;
+  int restored_from_memory = 0;
+};
+
 class JobRunner {
  public:
-  // `resume` (optional, not owned): a verified checkpoint of this job to
-  // continue from: every stage restores its units from it, and step count,
-  // learning rates, data position and results continue after its step.
+  // `context` (not owned) must outlive Run().
   JobRunner(std::string job_id, v1::JobSpec spec, std::vector<v1::WorkerInfo> workers,
             JobStore* store, WorkerRegistry* registry, const std::atomic<bool>* cancel,
-            RunnerOptions options, const Manifest* resume = nullptr);
+            RunnerOptions options, RunContext* context);
 
   // Runs the job to its end and returns how it ended: OK (SUCCEEDED),
   // CANCELLED, or an error whose message is the user-facing reason. Releases
@@ -54,7 +73,7 @@ class JobRunner {
   WorkerRegistry* registry_;
   const std::atomic<bool>* cancel_;
   RunnerOptions options_;
-  const Manifest* resume_;
+  RunContext* context_;
 };
 
 }  // namespace pipemare

@@ -1,13 +1,14 @@
 #include "coordinator/job_store.h"
 
+#include <sqlite3.h>
+
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "google/protobuf/util/json_util.h"
+#include "pipeline/checkpoint.h"
 
 namespace pipemare {
 
@@ -36,7 +37,9 @@ bool CanMove(v1::JobState from, v1::JobState to) {
     case v1::PENDING:
       return to == v1::RUNNING || to == v1::CANCELLED;
     case v1::RUNNING:
-      return to == v1::SUCCEEDED || to == v1::FAILED || to == v1::CANCELLED;
+      return to == v1::SUCCEEDED || to == v1::FAILED || to == v1::CANCELLED || to == v1::RECOVERING;
+    case v1::RECOVERING:  // a lost worker: on with replacements, or ended
+      return to == v1::RUNNING || to == v1::FAILED || to == v1::CANCELLED;
     case v1::FAILED:
     case v1::CANCELLED:
       return to == v1::PENDING;  // resume, from the newest checkpoint
@@ -45,63 +48,146 @@ bool CanMove(v1::JobState from, v1::JobState to) {
   }
 }
 
-JobStore::JobStore(std::string state_dir) : state_dir_(std::move(state_dir)) {
-  if (state_dir_.empty()) return;
+namespace {
+std::string ToJson(const v1::JobStatus& status) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  // Cannot fail for a valid message.
+  (void)google::protobuf::util::MessageToJsonString(status, &json, options);
+  return json;
+}
+
+// Runs `sql` (no results); the error names `what`.
+absl::Status Exec(sqlite3* db, const char* sql, const std::string& what) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string message = err ? err : sqlite3_errmsg(db);
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat(what, ": ", message));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+void JobStore::Reload(v1::JobStatus& status) {
+  if (status.state() != v1::RUNNING && status.state() != v1::RECOVERING) return;
+  status.set_state(v1::PENDING);
+  status.set_resumes(status.resumes() + 1);
+  if (!status.checkpoint().manifest().empty()) {
+    status.set_reason(
+        "the coordinator restarted while this job was running; it continues from its newest "
+        "checkpoint once its workers are back");
+    status.mutable_progress()->set_step(status.checkpoint().step());
+  } else {
+    status.set_reason(
+        "the coordinator restarted while this job was running, before its first checkpoint; "
+        "it runs again from its first step once its workers are back");
+    status.mutable_progress()->set_step(0);
+  }
+  LogInfo(ForJob(status.id()), status.reason());
+}
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& state_dir) {
   namespace fs = std::filesystem;
+  auto store = std::make_unique<JobStore>();
   std::error_code ec;
-  fs::create_directories(state_dir_, ec);
-  for (const auto& file : fs::directory_iterator(state_dir_, ec)) {
-    if (file.path().extension() != ".json") continue;
-    std::ifstream in(file.path());
-    std::stringstream ss;
-    ss << in.rdbuf();
+  fs::create_directories(state_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", state_dir, ": cannot create it: ", ec.message()));
+  }
+  store->db_path_ = (fs::path(state_dir) / "state.db").string();
+  const std::string& path = store->db_path_;
+  if (sqlite3_open_v2(path.c_str(), &store->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
+                      nullptr) != SQLITE_OK) {
+    std::string why = store->db_ ? sqlite3_errmsg(store->db_) : "out of memory";
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir: cannot open ", path, ": ", why));
+  }
+  sqlite3_busy_timeout(store->db_, 5000);
+  // WAL: a commit is one append and one fsync; FULL: that fsync happens on
+  // every commit, so a state change that returned survives a power cut.
+  for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
+                          "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, number "
+                          "INTEGER NOT NULL, state TEXT NOT NULL, status TEXT NOT NULL)"}) {
+    if (auto st = Exec(store->db_, sql,
+                       absl::StrCat(path,
+                                    " is not a Pipemare state database (or is damaged; "
+                                    "move it away to start afresh)"));
+        !st.ok()) {
+      return st;
+    }
+  }
+  // Older coordinators kept one JSON file per job: import them once.
+  std::vector<v1::JobStatus> loaded;
+  for (const auto& file : fs::directory_iterator(state_dir, ec)) {
+    if (file.path().extension() != ".json" || file.path().filename().string().rfind("job-", 0)) {
+      continue;
+    }
+    auto text = ReadWholeFile(file.path().string());
     v1::JobStatus status;
-    if (!google::protobuf::util::JsonStringToMessage(ss.str(), &status).ok() ||
+    if (!text.ok() || !google::protobuf::util::JsonStringToMessage(*text, &status).ok() ||
         status.id().empty()) {
       LogWarning(absl::StrCat("ignoring unreadable job file ", file.path().string()));
       continue;
     }
-    if (status.state() == v1::RUNNING && !status.checkpoint().manifest().empty()) {
-      // It continues from its newest checkpoint once its workers are back.
-      status.set_state(v1::PENDING);
-      status.set_reason(
-          "the coordinator restarted while this job was running; it resumes from "
-          "its newest checkpoint");
-      status.set_resumes(status.resumes() + 1);
-      status.mutable_progress()->set_step(status.checkpoint().step());
-      LogInfo(ForJob(status.id()), status.reason());
-    } else if (status.state() == v1::RUNNING) {
-      status.set_state(v1::FAILED);
-      status.set_reason(
-          "the coordinator stopped while this job was running, before its first checkpoint; "
-          "resubmit it to run again");
-      status.set_finished_unix_ms(NowUnixMs());
-    }
-    next_id_ = std::max(next_id_, IdNumber(status.id()) + 1);
-    jobs_[status.id()] = Entry{status, 1};
-    Persist(status);
+    loaded.push_back(std::move(status));
+    fs::rename(file.path(), file.path().string() + ".imported", ec);
   }
+  sqlite3_stmt* select = nullptr;
+  if (sqlite3_prepare_v2(store->db_, "SELECT id, status FROM jobs ORDER BY number", -1, &select,
+                         nullptr) != SQLITE_OK) {
+    return absl::InternalError(absl::StrCat(path, ": ", sqlite3_errmsg(store->db_)));
+  }
+  while (sqlite3_step(select) == SQLITE_ROW) {
+    const char* id = reinterpret_cast<const char*>(sqlite3_column_text(select, 0));
+    const char* json = reinterpret_cast<const char*>(sqlite3_column_text(select, 1));
+    v1::JobStatus status;
+    if (json == nullptr || !google::protobuf::util::JsonStringToMessage(json, &status).ok() ||
+        status.id().empty()) {
+      LogWarning(absl::StrCat("ignoring the unreadable row of job ", id ? id : "?", " in ", path));
+      continue;
+    }
+    loaded.push_back(std::move(status));
+  }
+  sqlite3_finalize(select);
+  std::lock_guard<std::mutex> lock(store->mu_);
+  for (auto& status : loaded) {
+    Reload(status);
+    store->next_id_ = std::max(store->next_id_, IdNumber(status.id()) + 1);
+    store->jobs_[status.id()] = Entry{status, 1};
+    store->Persist(status);
+  }
+  LogInfo(absl::StrCat("job store ", path, ": ", loaded.size(), " job(s)"));
+  return store;
+}
+
+JobStore::~JobStore() {
+  if (db_ != nullptr) sqlite3_close(db_);
 }
 
 void JobStore::Persist(const v1::JobStatus& status) {
-  if (state_dir_.empty()) return;
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(status, &json, options).ok()) return;
-  const std::string path = absl::StrCat(state_dir_, "/", status.id(), ".json");
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << json;
-    if (!out) {
-      LogError(ForJob(status.id()),
-               absl::StrCat("cannot write ", tmp, "; the job record is not persisted"));
-      return;
-    }
+  if (db_ == nullptr) return;
+  sqlite3_stmt* upsert = nullptr;
+  int rc = sqlite3_prepare_v2(db_,
+                              "INSERT INTO jobs (id, number, state, status) VALUES (?1, ?2, ?3, "
+                              "?4) ON CONFLICT(id) DO UPDATE SET state = ?3, status = ?4",
+                              -1, &upsert, nullptr);
+  if (rc == SQLITE_OK) {
+    const std::string json = ToJson(status);
+    const std::string state = v1::JobState_Name(status.state());
+    sqlite3_bind_text(upsert, 1, status.id().c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(upsert, 2, IdNumber(status.id()));
+    sqlite3_bind_text(upsert, 3, state.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(upsert, 4, json.data(), static_cast<int>(json.size()), SQLITE_TRANSIENT);
+    rc = sqlite3_step(upsert);  // one statement: one transaction, fsynced
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
+  sqlite3_finalize(upsert);
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) {
+    LogError(ForJob(status.id()), absl::StrCat("cannot write the job to ", db_path_, ": ",
+                                               sqlite3_errmsg(db_), "; it goes on in memory only"));
+  }
 }
 
 v1::JobStatus JobStore::Create(const v1::JobSpec& spec) {

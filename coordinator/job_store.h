@@ -1,10 +1,14 @@
 // JobStore: every job's JobStatus, with a version per job so watchers can wait
-// for changes, optionally persisted as one JSON file per job in a state
-// directory (so a restarted coordinator still answers for past jobs).
+// for changes, optionally persisted in a state directory's SQLite database
+// (state.db: WAL journal, synchronous=FULL, one transaction per change), so a
+// restarted coordinator still answers for every job and runs on the ones it
+// was running. Each row holds the job's whole status as JSON: its spec,
+// state, stages and their workers, and its newest checkpoint's manifest.
 //
 // Job lifecycle (UpdateState is its only mutator; CanMove is its table; see
 // JobState in the proto):
 //   PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED;  PENDING -> CANCELLED;
+//   RUNNING -> RECOVERING -> RUNNING | FAILED | CANCELLED  (a lost worker);
 //   FAILED | CANCELLED -> PENDING (resume from the newest checkpoint)
 //
 // Thread-safe.
@@ -15,12 +19,15 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "pipemare/v1/pipemare.pb.h"
+
+struct sqlite3;
 
 namespace pipemare {
 
@@ -31,11 +38,18 @@ int64_t NowUnixMs();
 
 class JobStore {
  public:
-  // `state_dir` empty = memory only. Loads jobs found there: a job that was
-  // RUNNING when the previous coordinator stopped goes back to PENDING and
-  // resumes from its newest checkpoint when it runs (FAILED if it had none);
-  // PENDING jobs stay PENDING and will run.
-  explicit JobStore(std::string state_dir);
+  // Memory only.
+  JobStore() = default;
+  // Opens (creating it if needed) `state_dir`/state.db and loads its jobs: a
+  // job that was RUNNING or RECOVERING when the previous coordinator stopped
+  // goes back to PENDING and continues from its newest checkpoint when it
+  // runs (from its first step if it had none); PENDING jobs stay PENDING.
+  // Job files of older versions (<state_dir>/job-*.json) are imported once.
+  // An error names the file and what is wrong with it.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& state_dir);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
 
   // Stores a new PENDING job for `spec` and returns its status.
   v1::JobStatus Create(const v1::JobSpec& spec);
@@ -60,9 +74,14 @@ class JobStore {
     v1::JobStatus status;
     uint64_t version = 1;
   };
-  void Persist(const v1::JobStatus& status);  // REQUIRES: mu_ held
+  // Writes the job's row in one transaction (REQUIRES: mu_ held). A failed
+  // write is logged and counted; the job goes on in memory.
+  void Persist(const v1::JobStatus& status);
+  // Moves a job the previous coordinator was running back to PENDING.
+  static void Reload(v1::JobStatus& status);
 
-  const std::string state_dir_;
+  std::string db_path_;
+  ::sqlite3* db_ = nullptr;  // null: memory only
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::map<std::string, Entry> jobs_;  // GUARDED_BY(mu_)

@@ -54,7 +54,15 @@ int main(int argc, char** argv) {
   pipemare::BlockStopSignals();
   pipemare::TuneMallocForLargeMessages();
 
-  pipemare::JobStore store(state_dir);
+  std::unique_ptr<pipemare::JobStore> store = std::make_unique<pipemare::JobStore>();
+  if (!state_dir.empty()) {
+    auto opened = pipemare::JobStore::Open(state_dir);
+    if (!opened.ok()) {
+      pipemare::LogError(absl::StrCat("error: ", opened.status().message()));
+      return 2;
+    }
+    store = std::move(*opened);
+  }
   pipemare::WorkerRegistry registry(
       std::chrono::milliseconds(static_cast<int64_t>(worker_timeout * 1000)));
   pipemare::RunnerOptions options;
@@ -63,10 +71,10 @@ int main(int argc, char** argv) {
                            : !state_dir.empty()    ? state_dir + "/checkpoints"
                                                    : "pipemare-checkpoints";
   options.checkpoint_dir = std::filesystem::absolute(options.checkpoint_dir).string();
-  auto manager = std::make_unique<pipemare::JobManager>(&store, &registry, options);
-  pipemare::CoordinatorService service(&store, &registry, manager.get(),
+  auto manager = std::make_unique<pipemare::JobManager>(store.get(), &registry, options);
+  pipemare::CoordinatorService service(store.get(), &registry, manager.get(),
                                        static_cast<int64_t>(heartbeat_interval * 1000));
-  auto metrics = std::make_shared<pipemare::CoordinatorMetrics>(&store, &registry);
+  auto metrics = std::make_shared<pipemare::CoordinatorMetrics>(store.get(), &registry);
   std::unique_ptr<pipemare::MetricsServer> metrics_server;
   if (!metrics_listen.empty()) {
     auto m = pipemare::MetricsServer::Start(metrics_listen, {metrics});

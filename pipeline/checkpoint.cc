@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -155,6 +156,20 @@ std::vector<std::pair<int64_t, std::string>> StepDirs(const std::string& job_dir
 absl::Status CommitManifest(const std::string& dir, const Manifest& m, int keep) {
   if (auto st = CheckUnits(m); !st.ok()) return st;
   const std::string step_dir = CheckpointStepDir(dir, m.job, m.step);
+  const std::string job_dir = absl::StrCat(dir, "/", m.job);
+  if (auto latest = ReadWholeFile(job_dir + "/latest"); latest.ok()) {
+    auto current = ReadWholeFile(
+        absl::StrCat(job_dir, "/", absl::StripAsciiWhitespace(*latest), "/manifest.json"));
+    if (current.ok()) {
+      const Json j = Json::parse(*current, nullptr, false);
+      const int64_t newer = j.is_object() ? j.value("generation", int64_t{0}) : 0;
+      if (newer > m.generation) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "fenced: ", job_dir, "/latest is a cut of generation ", newer, ", newer than this ",
+            "run's ", m.generation, " (a newer run of the job took over); not committed"));
+      }
+    }
+  }
   Json files = Json::array();
   for (const auto& f : m.files) {
     if (auto st = VerifyFile(step_dir, f); !st.ok()) return st;
@@ -167,6 +182,7 @@ absl::Status CommitManifest(const std::string& dir, const Manifest& m, int keep)
   Json manifest = {
       {"format", "pipemare-checkpoint-1"},
       {"job", m.job},
+      {"generation", m.generation},
       {"step", m.step},
       {"microbatch", m.microbatch},
       {"epoch", m.epoch},
@@ -180,7 +196,6 @@ absl::Status CommitManifest(const std::string& dir, const Manifest& m, int keep)
       !st.ok()) {
     return st;
   }
-  const std::string job_dir = absl::StrCat(dir, "/", m.job);
   if (auto st = WriteFileAtomically(job_dir + "/latest", absl::StrCat("step-", m.step, "\n"));
       !st.ok()) {
     return st;
@@ -210,6 +225,7 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& step_dir) {
     const Json j = Json::parse(*text);
     m.job = j.at("job").get<std::string>();
     m.step = j.at("step").get<int64_t>();
+    m.generation = j.value("generation", int64_t{0});
     m.microbatch = j.at("microbatch").get<int64_t>();
     m.epoch = j.at("epoch").get<int64_t>();
     m.index_in_epoch = j.at("index_in_epoch").get<int64_t>();

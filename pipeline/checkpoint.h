@@ -8,8 +8,9 @@
 // replayed on resume, so no stash or in-flight activation is saved.
 //
 // Layout under checkpoint.dir:
-//   <job>/step-<k>/unit-<u>.pt    one unit's state: a torch::pickle_save'd
-//                                 Dict[str, Tensor] (keys below)
+//   <job>/step-<k>/unit-<u>[.g<n>].pt  one unit's state: a torch::pickle_save'd
+//                                 Dict[str, Tensor] (keys below), written by
+//                                 a stage of generation n
 //   <job>/step-<k>/manifest.json  job, step k, microbatch k·N, epoch and
 //                                 index in the epoch, partition, the spec,
 //                                 and per file its bytes and SHA-256;
@@ -61,6 +62,7 @@ std::string CheckpointStepDir(const std::string& dir, const std::string& job, in
 // What the coordinator commits once every stage has written the cut.
 struct Manifest {
   std::string job;
+  int64_t generation = 0;  // the run that took the cut (fencing)
   int64_t step = 0;        // the cut: after this optimizer step
   int64_t microbatch = 0;  // step · N: the last microbatch whose gradient is in
   // Data position of the next microbatch: epoch (1-based) and its index in
@@ -83,6 +85,8 @@ struct Manifest {
 // CheckpointStepDir(dir, m.job, m.step)/manifest.json and, only then, moves
 // <dir>/<job>/latest to it. Deletes checkpoints older than the newest `keep`.
 // FAILED_PRECONDITION / DATA_LOSS naming the file that does not match.
+// Fencing: FAILED_PRECONDITION when "latest" already names a cut of a newer
+// generation (a stale coordinator or run never moves it back).
 absl::Status CommitManifest(const std::string& dir, const Manifest& m, int keep);
 
 // Reads and fully verifies the manifest of `step_dir` (every file present,

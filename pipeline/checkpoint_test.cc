@@ -210,5 +210,42 @@ TEST(CheckpointTest, KeepsTheNewestCommittedCuts) {
   fs::remove_all(dir);
 }
 
+TEST(CheckpointTest, AnOlderGenerationCanNeitherOverwriteFilesNorMoveLatestBack) {
+  // Fencing: generation 2 (a recovered run) committed step 2; a stage of
+  // generation 1 (cut off, then back) writes the same cut's units and its
+  // coordinator tries to commit them.
+  std::vector<std::unique_ptr<StageRuntime>> runtimes;
+  auto cuts = TrainOneStep(&runtimes);
+  const std::string dir = TempDir();
+  auto commit = [&](int64_t generation) {
+    Manifest m;
+    m.job = "job-7";
+    m.generation = generation;
+    m.step = 2;
+    m.stages = {{0, 1}, {1, 1}};
+    for (int i = 0; i < 2; ++i) {
+      StageSnapshot s = *cuts[i];
+      s.step = 2;
+      s.generation = generation;
+      auto files = WriteStageSnapshot(dir, "job-7", s);
+      EXPECT_TRUE(files.ok());
+      if (files.ok()) m.files.insert(m.files.end(), files->begin(), files->end());
+    }
+    return std::make_pair(m, CommitManifest(dir, m, 2));
+  };
+  auto [newer, ok] = commit(2);
+  ASSERT_TRUE(ok.ok()) << ok;
+  EXPECT_THAT(newer.files[0].path, ::testing::EndsWith("/step-2/unit-00000.g2.pt"));
+  auto [older, fenced] = commit(1);
+  EXPECT_EQ(fenced.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(fenced.message()), HasSubstr("generation 2, newer than this run's 1"));
+  // Generation 2's cut is intact and still "latest".
+  auto read = NewestValidManifest(dir, "job-7");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->generation, 2);
+  EXPECT_EQ(read->files[0].path, newer.files[0].path);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace pipemare

@@ -31,7 +31,9 @@ absl::StatusOr<std::vector<WrittenFile>> WriteStageSnapshot(const std::string& d
     }
     WrittenFile f;
     f.unit = unit.unit;
-    f.path = absl::StrFormat("%s/unit-%05d.pt", step_dir, unit.unit);
+    f.path = snapshot.generation > 0
+                 ? absl::StrFormat("%s/unit-%05d.g%d.pt", step_dir, unit.unit, snapshot.generation)
+                 : absl::StrFormat("%s/unit-%05d.pt", step_dir, unit.unit);
     f.bytes = static_cast<int64_t>(bytes.size());
     f.sha256 = Sha256Hex(bytes);
     if (auto st = WriteFileAtomically(f.path, bytes); !st.ok()) return st;

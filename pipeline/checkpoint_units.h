@@ -25,10 +25,13 @@ struct UnitState {
 struct StageSnapshot {
   int64_t step = 0;
   int stage = 0;
+  int64_t generation = 0;  // of the run that took it (fencing; names its files)
   std::vector<UnitState> units;
 };
 
-// Writes each unit of `snapshot` to CheckpointStepDir(...)/unit-<u>.pt.
+// Writes each unit of `snapshot` to CheckpointStepDir(...)/unit-<u>.pt, or
+// unit-<u>.g<generation>.pt for a generation > 0: a stage of an older run
+// that is still writing can never overwrite a newer run's file.
 absl::StatusOr<std::vector<WrittenFile>> WriteStageSnapshot(const std::string& dir,
                                                             const std::string& job,
                                                             const StageSnapshot& snapshot);

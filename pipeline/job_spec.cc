@@ -239,6 +239,9 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (s->microbatches_per_step() == 0) s->set_microbatches_per_step(1);
   if (!spec.train().has_shuffle()) spec.mutable_train()->set_shuffle(true);
   if (spec.checkpoint().keep() == 0) spec.mutable_checkpoint()->set_keep(3);
+  auto* r = spec.mutable_recovery();
+  if (!r->has_max_restarts()) r->set_max_restarts(3);
+  if (!r->has_wait_seconds()) r->set_wait_seconds(60);
 }
 
 const std::vector<std::string>& ModelTypes() {
@@ -668,6 +671,15 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   if (c.dir().size() > 4096 || c.dir().find('\0') != std::string::npos) {
     return Bad("checkpoint.dir", "must be a path of at most 4096 bytes");
+  }
+  // recovery
+  const auto& r = spec.recovery();
+  if (r.max_restarts() < 0 || r.max_restarts() > 100) {
+    return Bad("recovery.max_restarts", "must be in 0..100 (0: a lost worker fails the job)");
+  }
+  if (!std::isfinite(r.wait_seconds()) || r.wait_seconds() <= 0 || r.wait_seconds() > 86400) {
+    return Bad("recovery.wait_seconds",
+               "must be a number of seconds in (0, 86400] (how long to wait for a replacement)");
   }
   return absl::OkStatus();
 }

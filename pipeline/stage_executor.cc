@@ -24,7 +24,8 @@ StageExecutor::StageExecutor(const v1::StageAssignment& a, StageRuntime* runtime
                a.warmup_steps()},
       stage_(a.stage()),
       checkpoint_every_(a.checkpoint_every_steps()),
-      total_steps_(a.total_steps()) {}
+      total_steps_(a.total_steps()),
+      generation_(a.generation()) {}
 
 absl::StatusOr<StageExecutor> StageExecutor::Create(const v1::StageAssignment& a,
                                                     StageRuntime* runtime) {
@@ -139,7 +140,9 @@ absl::StatusOr<std::optional<StageExecutor::Output>> StageExecutor::RunLocal() {
   Output out{a, 0, {}, std::nullopt, stats.last_step_seconds};
   const int64_t k = stats.steps;
   if ((checkpoint_every_ > 0 && k % checkpoint_every_ == 0) || k == total_steps_) {
-    out.snapshot = std::make_shared<const StageSnapshot>(runtime_->Snapshot());
+    auto snapshot = std::make_shared<StageSnapshot>(runtime_->Snapshot());
+    snapshot->generation = generation_;
+    out.snapshot = std::move(snapshot);
   }
   return std::optional<Output>(std::move(out));
 }

@@ -96,6 +96,7 @@ class StageExecutor {
   int stage_ = 0;
   int64_t checkpoint_every_ = 0;  // 0: only after the last step
   int64_t total_steps_ = 0;
+  int64_t generation_ = 0;    // stamped on snapshots (fencing)
   std::vector<Action> plan_;  // this epoch's actions; done when next_ == size
   size_t next_ = 0;
   int64_t epoch_first_step_ = 0;

@@ -18,11 +18,13 @@ jobs=${JOBS:-$(nproc)}
 # (/usr/share/games/fortunes/cookie, 245 kB of ASCII) for the examples and
 # pipeline/data_test.cc. python3-torch and python3-numpy load exported models
 # in plain PyTorch (examples/export_eval.py, tests/checkpoint_test.cc).
+# libsqlite3-dev holds the coordinator's state (--state-dir/state.db);
+# sqlite3 is its shell, for reading that file by hand.
 packages=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtorch-dev libopenblas0-openmp prometheus-cpp-dev libgtest-dev libgmock-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev
-  libcpp-httplib-dev zlib1g-dev
+  libcpp-httplib-dev zlib1g-dev libsqlite3-dev sqlite3
   prometheus dataset-fashion-mnist fortunes python3-torch python3-numpy)
 
 deps() {

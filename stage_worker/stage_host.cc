@@ -22,11 +22,10 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 StageHost::StageHost(const v1::StageAssignment& a, const std::string& self_address)
     : assignment_(a), self_address_(self_address) {}
 
-absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssignment& a,
-                                                            torch::Device device,
-                                                            const std::string& self_address,
-                                                            std::shared_ptr<StageMetrics> metrics,
-                                                            VirtualDevice virtual_device) {
+absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
+    const v1::StageAssignment& a, torch::Device device, const std::string& self_address,
+    std::shared_ptr<StageMetrics> metrics, VirtualDevice virtual_device,
+    const std::vector<RetainedCut>* memory) {
   auto runtime = StageRuntime::Create(a, device, torch::kFloat32, virtual_device);
   if (!runtime.ok()) return runtime.status();
   std::shared_ptr<StageHost> host(new StageHost(a, self_address));
@@ -39,18 +38,29 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
   }
   if (a.restore_size() > 0 || a.start_step() > 0) {
     // Resume: this stage's units from a checkpoint cut (any partition's).
+    // A unit this worker itself wrote to that very file (same path, same
+    // SHA-256) comes from its memory of the cut: no disk read.
     std::vector<UnitState> units;
+    int from_memory = 0;
     for (const auto& f : a.restore()) {
       if (f.unit() < a.first_unit() || f.unit() >= a.first_unit() + a.units()) continue;
+      const UnitState* held = FindRetainedUnit(memory, f);
+      if (held != nullptr) {
+        units.push_back(*held);
+        ++from_memory;
+        continue;
+      }
       auto unit = ReadUnitFile(f.path(), f.sha256());
       if (!unit.ok()) return unit.status();
       units.push_back(std::move(*unit));
     }
     if (auto st = host->runtime_->Restore(units, a.start_step()); !st.ok()) return st;
+    host->restored_from_memory_ = !units.empty() && from_memory == static_cast<int>(units.size());
     host->metrics_->Update(host->runtime_->Stats());
     LogInfo(ForStage(a.job_id(), a.stage()),
             absl::StrCat("restored units [", a.first_unit(), ", ", a.first_unit() + a.units(),
-                         ") from the checkpoint at step ", a.start_step()));
+                         ") from the checkpoint at step ", a.start_step(), " (", from_memory,
+                         " of ", units.size(), " from memory)"));
   }
   auto executor = StageExecutor::Create(a, host->runtime_.get());
   if (!executor.ok()) return executor.status();
@@ -89,6 +99,7 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
     open.mutable_open()->set_job_id(a.job_id());
     open.mutable_open()->set_role(v1::StreamOpen::PEER);
     open.mutable_open()->set_from_stage(a.stage());
+    open.mutable_open()->set_generation(a.generation());
     if (!host->downstream_->Write(open)) {
       return absl::UnavailableError(absl::StrCat("downstream stage ", a.stage() + 1, " at ",
                                                  a.downstream_address(),
@@ -102,6 +113,26 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(const v1::StageAssig
 }
 
 StageHost::~StageHost() { Stop(); }
+
+const UnitState* FindRetainedUnit(const std::vector<RetainedCut>* memory,
+                                  const v1::CheckpointFile& file) {
+  if (memory == nullptr) return nullptr;
+  for (const RetainedCut& cut : *memory) {
+    for (size_t i = 0; i < cut.files.size() && i < cut.snapshot->units.size(); ++i) {
+      const WrittenFile& w = cut.files[i];
+      if (w.unit == file.unit() && w.path == file.path() && w.sha256 == file.sha256() &&
+          cut.snapshot->units[i].unit == file.unit()) {
+        return &cut.snapshot->units[i];
+      }
+    }
+  }
+  return nullptr;
+}
+
+std::vector<RetainedCut> StageHost::Retained() const {
+  std::lock_guard<std::mutex> lock(checkpoint_mu_);
+  return {retained_.begin(), retained_.end()};
+}
 
 void StageHost::Stop() {
   stopping_ = true;
@@ -154,7 +185,12 @@ void StageHost::CheckpointLoop() {
       continue;
     }
     checkpoint_written_.set_step(snapshot->step);
+    checkpoint_written_.set_generation(snapshot->generation);
     checkpoint_written_.clear_files();
+    // The newest cuts stay in memory: a recovery that rolls back to one of
+    // them restores this stage without reading disk.
+    retained_.push_back(RetainedCut{snapshot, *files});
+    while (retained_.size() > kRetainedCuts) retained_.pop_front();
     int64_t bytes = 0;
     for (const WrittenFile& f : *files) {
       auto* out = checkpoint_written_.add_files();
@@ -173,6 +209,15 @@ void StageHost::CheckpointLoop() {
 grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
                               const v1::StreamOpen& open) {
   const int stage = assignment_.stage();
+  if (open.generation() != assignment_.generation()) {
+    // Fencing: a stage or feed of another run of this job (cut off, then
+    // back) never feeds this one.
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("open.generation: stage ", stage, " of job ", assignment_.job_id(),
+                     " runs generation ", assignment_.generation(), "; a stream of generation ",
+                     open.generation(), " belongs to another run and is refused"));
+  }
   Side side = Side::kNone;
   switch (open.role()) {
     case v1::StreamOpen::PEER:

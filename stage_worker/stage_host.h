@@ -33,6 +33,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "pipeline/checkpoint_units.h"
 #include "pipeline/schedule.h"
 #include "pipeline/stage_executor.h"
 #include "pipeline/stage_runtime.h"
@@ -44,18 +45,29 @@ namespace pipemare {
 
 using PipeStream = grpc::ServerReaderWriter<v1::StageMessage, v1::StageMessage>;
 
+// A cut this stage wrote, kept in host memory with the files it became.
+struct RetainedCut {
+  std::shared_ptr<const StageSnapshot> snapshot;
+  std::vector<WrittenFile> files;  // files[i] holds snapshot->units[i]
+};
+// The unit state in `memory` that was written to exactly `file` (path and
+// SHA-256), or null.
+const UnitState* FindRetainedUnit(const std::vector<RetainedCut>* memory,
+                                  const v1::CheckpointFile& file);
+
 class StageHost {
  public:
   // Builds the stage and, unless it is the last, opens the stream to
   // a.downstream_address() (which must already have its stage loaded).
   // `self_address` only labels error messages. `metrics` (not null) receives
   // the stage's timings, traffic and stats. `virtual_device`: see
-  // pipeline/stage_runtime.h (benchmarks only).
-  static absl::StatusOr<std::shared_ptr<StageHost>> Start(const v1::StageAssignment& a,
-                                                          torch::Device device,
-                                                          const std::string& self_address,
-                                                          std::shared_ptr<StageMetrics> metrics,
-                                                          VirtualDevice virtual_device = {});
+  // pipeline/stage_runtime.h (benchmarks only). `memory` (optional): cuts a
+  // previous stage of this worker kept; units of a.restore() found there are
+  // restored from memory instead of disk.
+  static absl::StatusOr<std::shared_ptr<StageHost>> Start(
+      const v1::StageAssignment& a, torch::Device device, const std::string& self_address,
+      std::shared_ptr<StageMetrics> metrics, VirtualDevice virtual_device = {},
+      const std::vector<RetainedCut>* memory = nullptr);
   ~StageHost();
   StageHost(const StageHost&) = delete;
   StageHost& operator=(const StageHost&) = delete;
@@ -73,6 +85,11 @@ class StageHost {
   bool failed() const { return failed_.load(); }
   v1::StageStatusResponse Status() const;
   StageStats Stats() const { return runtime_->Stats(); }
+  // The newest cuts this stage wrote (at most kRetainedCuts), in memory.
+  std::vector<RetainedCut> Retained() const;
+  // Whether every restored unit came from memory.
+  bool restored_from_memory() const { return restored_from_memory_; }
+  int64_t generation() const { return assignment_.generation(); }
 
  private:
   explicit StageHost(const v1::StageAssignment& a, const std::string& self_address);
@@ -156,7 +173,10 @@ class StageHost {
   std::condition_variable checkpoint_cv_;
   std::deque<std::shared_ptr<const StageSnapshot>> checkpoint_queue_;  // GUARDED_BY(checkpoint_mu_)
   v1::CheckpointWritten checkpoint_written_;                           // GUARDED_BY(checkpoint_mu_)
-  bool checkpoint_stop_ = false;                                       // GUARDED_BY(checkpoint_mu_)
+  static constexpr size_t kRetainedCuts = 2;
+  std::deque<RetainedCut> retained_;  // GUARDED_BY(checkpoint_mu_)
+  bool restored_from_memory_ = false;
+  bool checkpoint_stop_ = false;  // GUARDED_BY(checkpoint_mu_)
 
   std::atomic<bool> stopping_{false};
   std::atomic<bool> failed_{false};

@@ -29,11 +29,19 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
     old = std::move(host_);
     CountStagesLocked();
   }
+  std::vector<RetainedCut> memory;
   if (old) old->Stop();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (old) KeepMemoryLocked(*old);
+    if (memory_job_ == request->job_id()) memory = std::move(memory_);
+    memory_.clear();  // used now or never: a new stage keeps its own
+    memory_job_.clear();
+  }
   const LogContext log = ForStage(request->job_id(), request->stage());
-  auto host =
-      StageHost::Start(*request, device_, self_address_,
-                       metrics_->ForStage(request->job_id(), request->stage()), virtual_device_);
+  auto host = StageHost::Start(*request, device_, self_address_,
+                               metrics_->ForStage(request->job_id(), request->stage()),
+                               virtual_device_, &memory);
   if (!host.ok()) {
     LogError(log, absl::StrCat("cannot load stage: ", host.status().message()));
     return ToGrpc(host.status());
@@ -41,6 +49,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
   const StageStats stats = (*host)->Stats();
   response->set_parameters(stats.parameters);
   response->set_analytic_delay(stats.analytic_delay);
+  response->set_restored_from_memory((*host)->restored_from_memory());
   {
     std::lock_guard<std::mutex> lock(mu_);
     host_ = *host;
@@ -133,8 +142,10 @@ grpc::Status WorkerService::ReleaseStage(grpc::ServerContext*,
   }
   if (host) {
     host->Stop();
-    LogInfo(ForJob(request->job_id()), "released stage");
+    std::lock_guard<std::mutex> lock(mu_);
+    KeepMemoryLocked(*host);
   }
+  if (host) LogInfo(ForJob(request->job_id()), "released stage");
   return grpc::Status::OK;  // releasing what is not here is a no-op
 }
 
@@ -148,6 +159,8 @@ void WorkerService::ReleaseAll(const std::string& why) {
   if (host) {
     LogWarning(ForJob(host->job_id()), absl::StrCat("dropping stage: ", why));
     host->Stop();
+    std::lock_guard<std::mutex> lock(mu_);
+    KeepMemoryLocked(*host);
   }
 }
 

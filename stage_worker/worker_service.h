@@ -1,5 +1,7 @@
 // The StageWorker gRPC service: thin handlers over the worker's one StageHost.
-// A worker serves at most one stage at a time.
+// A worker serves at most one stage at a time. When a stage ends, the cuts it
+// kept in memory stay until the next load: a recovery that rolls the job
+// back to one of them restores the stage without reading disk.
 #ifndef PIPEMARE_STAGE_WORKER_WORKER_SERVICE_H_
 #define PIPEMARE_STAGE_WORKER_WORKER_SERVICE_H_
 
@@ -50,7 +52,15 @@ class WorkerService final : public v1::StageWorker::Service {
   const VirtualDevice virtual_device_;
   std::mutex mu_;
   std::shared_ptr<StageHost> host_;  // GUARDED_BY(mu_)
-  std::mutex profile_mu_;            // one ProfileUnits at a time
+  // Cuts kept by the last stage that ended, and its job.
+  std::string memory_job_;           // GUARDED_BY(mu_)
+  std::vector<RetainedCut> memory_;  // GUARDED_BY(mu_)
+  // Keeps `host`'s cuts as memory_ (mu_ held).
+  void KeepMemoryLocked(const StageHost& host) {
+    memory_job_ = host.job_id();
+    memory_ = host.Retained();
+  }
+  std::mutex profile_mu_;  // one ProfileUnits at a time
 };
 
 }  // namespace pipemare

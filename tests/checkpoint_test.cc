@@ -24,14 +24,16 @@ namespace {
 namespace fs = std::filesystem;
 
 // A 2-stage PipeMare MNIST job of `epochs` epochs cutting a checkpoint every
-// `every` steps, into the cluster's directory, keeping 2.
+// `every` steps, into the cluster's directory, keeping 2. `extra`: more YAML.
 std::string CheckpointedSpec(Cluster& cluster, const std::string& name, int64_t train_limit,
-                             int epochs = 1, int every = 40) {
+                             int epochs = 1, int every = 40, const std::string& extra = "") {
   return cluster.WriteSpec(
       name, absl::StrCat(ShortSpec(name, "pipemare", 2, train_limit, epochs),
                          "checkpoint: {every_steps: ", every, ", keep: 2, dir: ", cluster.dir(),
-                         "/checkpoints}\n"));
+                         "/checkpoints}\n", extra));
 }
+// Recovery off: a lost worker fails the job, for `pipemarectl resume`.
+constexpr char kNoRecovery[] = "recovery: {max_restarts: 0}\n";
 
 std::vector<int64_t> StepDirs(const std::string& job_dir) {
   std::vector<int64_t> steps;
@@ -99,8 +101,9 @@ TEST(Checkpoint, ADamagedNewestCheckpointIsDetectedAndThePreviousOneUsed) {
   const std::string job_dir = cluster.dir() + "/checkpoints/job-1";
   const std::vector<int64_t> kept = StepDirs(job_dir);
   ASSERT_EQ(kept.size(), 2u);
-  // Truncate one unit file of the newest cut, as a crash mid-copy would.
-  const std::string victim = absl::StrCat(job_dir, "/step-", total, "/unit-00001.pt");
+  // Truncate one unit file of the newest cut, as a crash mid-copy would
+  // (written by the job's first run: generation 1).
+  const std::string victim = absl::StrCat(job_dir, "/step-", total, "/unit-00001.g1.pt");
   ASSERT_TRUE(fs::exists(victim));
   fs::resize_file(victim, fs::file_size(victim) / 2);
 
@@ -108,7 +111,7 @@ TEST(Checkpoint, ADamagedNewestCheckpointIsDetectedAndThePreviousOneUsed) {
   auto named = cluster.Ctl({"export", "job-1", "--out", cluster.dir() + "/bad.pt", "--checkpoint",
                             std::to_string(total)});
   EXPECT_NE(named.exit_code, 0);
-  EXPECT_TRUE(absl::StrContains(named.err, "unit-00001.pt")) << named.err;
+  EXPECT_TRUE(absl::StrContains(named.err, "unit-00001.g1.pt")) << named.err;
   EXPECT_FALSE(fs::exists(cluster.dir() + "/bad.pt"));
   // The newest valid one: the previous cut, with the damage counted.
   const std::string out = cluster.dir() + "/model.pt";
@@ -124,7 +127,8 @@ TEST(Checkpoint, AJobFailedByADeadWorkerResumesFromItsNewestCheckpoint) {
   Cluster cluster(2, {"--worker-timeout", "3"});
   ASSERT_TRUE(cluster.ok());
   // 2000 steps (a few seconds) so that the kill lands mid-job.
-  const std::string id = cluster.Submit(CheckpointedSpec(cluster, "ckpt-resume", 12800, 5, 100));
+  const std::string id =
+      cluster.Submit(CheckpointedSpec(cluster, "ckpt-resume", 12800, 5, 100, kNoRecovery));
   ASSERT_FALSE(id.empty());
   ASSERT_TRUE(WaitFor(120, [&] { return cluster.Status(id).checkpoint().step() >= 100; }))
       << cluster.Logs();
@@ -190,7 +194,8 @@ TEST(Checkpoint, KillingWorkersWhileTheyWriteNeverLeavesABadLatest) {
   // generation), and the job resumes from it.
   Cluster cluster(2, {"--worker-timeout", "3"});
   ASSERT_TRUE(cluster.ok());
-  const std::string id = cluster.Submit(CheckpointedSpec(cluster, "ckpt-kill", 12800, 100, 5));
+  const std::string id =
+      cluster.Submit(CheckpointedSpec(cluster, "ckpt-kill", 12800, 100, 5, kNoRecovery));
   ASSERT_FALSE(id.empty());
   std::mt19937 rng(7);
   int64_t last_cut = 0;

@@ -1,6 +1,8 @@
 // Failures: killing a worker or the coordinator mid-job never leaves a
-// process blocked; the job ends FAILED with a reason, and the remaining
-// processes return to idle. Label: multiprocess.
+// process blocked. With recovery off, a lost worker ends the job FAILED with
+// a reason and the remaining workers return to idle; a killed coordinator's
+// running job runs again under the next one (recovery itself:
+// tests/recovery_test.cc). Label: multiprocess.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -10,10 +12,11 @@
 namespace pipemare::testing {
 namespace {
 
-TEST(Failure, KilledWorkerFailsTheJobAndOthersReturnToIdle) {
+TEST(Failure, WithRecoveryOffAKilledWorkerFailsTheJobAndOthersReturnToIdle) {
   Cluster cluster(3, {"--worker-timeout", "3"});
   ASSERT_TRUE(cluster.ok());
-  const std::string spec = cluster.WriteSpec("long", ShortSpec("victim", "pipemare", 3, 60000, 5));
+  const std::string spec = cluster.WriteSpec(
+      "long", ShortSpec("victim", "pipemare", 3, 60000, 5) + "recovery: {max_restarts: 0}\n");
   const std::string id = cluster.Submit(spec);
   ASSERT_FALSE(id.empty());
   v1::JobStatus job;
@@ -28,6 +31,8 @@ TEST(Failure, KilledWorkerFailsTheJobAndOthersReturnToIdle) {
   v1::JobStatus end = cluster.WaitForEnd(id, 30);
   EXPECT_EQ(end.state(), v1::FAILED) << cluster.Logs();
   EXPECT_TRUE(absl::StrContains(end.reason(), "stage")) << end.reason();
+  EXPECT_TRUE(absl::StrContains(end.reason(), "recovery.max_restarts is 0")) << end.reason();
+  EXPECT_EQ(end.restarts_size(), 0);
   EXPECT_TRUE(WaitFor(15, [&] {
     return cluster.CountWorkers(v1::IDLE) == 2 && cluster.CountWorkers(v1::LOST) == 1;
   })) << cluster.Logs();
@@ -51,7 +56,7 @@ TEST(Failure, KilledWorkerFailsTheJobAndOthersReturnToIdle) {
   EXPECT_GE(cluster.coordinator().Wait(10), 0) << "coordinator did not exit";
 }
 
-TEST(Failure, KilledCoordinatorLeavesWorkersIdleAndTheRestartedOneReportsFailed) {
+TEST(Failure, AKilledCoordinatorsJobWithoutACheckpointRunsAgainFromItsFirstStep) {
   const std::string state = MakeTempDir();
   Cluster cluster(2, {"--state-dir", state, "--worker-timeout", "3"});
   ASSERT_TRUE(cluster.ok());
@@ -74,8 +79,17 @@ TEST(Failure, KilledCoordinatorLeavesWorkersIdleAndTheRestartedOneReportsFailed)
   cluster.StartCoordinator();
   ASSERT_FALSE(cluster.address().empty());
   v1::JobStatus job = cluster.Status(id);
-  EXPECT_EQ(job.state(), v1::FAILED);
-  EXPECT_TRUE(absl::StrContains(job.reason(), "coordinator stopped")) << job.reason();
+  EXPECT_TRUE(job.state() == v1::PENDING || job.state() == v1::RUNNING)
+      << v1::JobState_Name(job.state());
+  EXPECT_EQ(job.resumes(), 1);
+  // Its workers came back by themselves and run it again, from step 0.
+  ASSERT_TRUE(WaitFor(30, [&] {
+    job = cluster.Status(id);
+    return job.state() == v1::RUNNING && job.progress().step() > 0;
+  })) << cluster.Logs();
+  EXPECT_EQ(job.resumed_from_step(), 0);
+  ASSERT_EQ(cluster.Ctl({"cancel", id}).exit_code, 0);
+  EXPECT_EQ(cluster.WaitForEnd(id, 30).state(), v1::CANCELLED);
   EXPECT_TRUE(WaitFor(20, [&] { return cluster.CountWorkers(v1::IDLE) == 2; })) << cluster.Logs();
   // And the cluster works again.
   const std::string again =

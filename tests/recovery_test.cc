@@ -1,0 +1,198 @@
+// Automatic recovery through real processes: a worker killed with SIGKILL
+// mid-training sends its job to RECOVERING; the surviving stages roll back to
+// the newest committed cut from their own memory, an idle worker takes the
+// lost stage's units from checkpoint.dir (or, with recovery.shrink, the job
+// re-partitions onto the workers it still has), and the job SUCCEEDS.
+// Fencing: a stream of another generation is refused. Label: multiprocess.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+#include "pipemare/v1/pipemare.grpc.pb.h"
+#include "tests/cluster.h"
+#include "tests/process.h"
+
+namespace pipemare::testing {
+namespace {
+
+constexpr int kWorkerTimeoutSeconds = 3;
+
+// 3 stages of PipeMare on 12,800 MNIST examples for 2 epochs (800 steps),
+// a cut every 50 steps; `recovery` is the spec's recovery line.
+std::string RecoverableSpec(Cluster& cluster, const std::string& name,
+                            const std::string& recovery) {
+  return cluster.WriteSpec(name, absl::StrCat(ShortSpec(name, "pipemare", 3, 12800, 2),
+                                              "checkpoint: {every_steps: 50, keep: 2, dir: ",
+                                              cluster.dir(), "/checkpoints}\n", recovery, "\n"));
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Waits for the job's first cut after step 100, then kills the worker of
+// `stage`; returns the kill's wall-clock time.
+int64_t KillStageAfterACut(Cluster& cluster, const std::string& id, int stage) {
+  v1::JobStatus job;
+  EXPECT_TRUE(WaitFor(120, [&] {
+    job = cluster.Status(id);
+    return job.checkpoint().step() >= 100;
+  })) << cluster.Logs();
+  const int victim = cluster.WorkerForStage(job, stage);
+  EXPECT_GE(victim, 0);
+  if (victim < 0) return 0;
+  cluster.worker(victim).Signal(SIGKILL);
+  return NowMs();
+}
+
+TEST(Recovery, AKilledMiddleWorkerIsReplacedByASpareAndTheJobTrainsAsIfUndisturbed) {
+  Cluster cluster(4, {"--worker-timeout", std::to_string(kWorkerTimeoutSeconds)});
+  ASSERT_TRUE(cluster.ok());
+  // The same job (same seed) undisturbed, for its accuracy.
+  const std::string quiet = cluster.Submit(RecoverableSpec(cluster, "quiet", ""));
+  ASSERT_FALSE(quiet.empty());
+  const v1::JobStatus baseline = cluster.WaitForEnd(quiet, 300);
+  ASSERT_EQ(baseline.state(), v1::SUCCEEDED) << cluster.Logs();
+
+  const std::string id = cluster.Submit(RecoverableSpec(cluster, "disturbed", ""));
+  ASSERT_FALSE(id.empty());
+  const int64_t killed_at = KillStageAfterACut(cluster, id, 1);
+  ASSERT_GT(killed_at, 0);
+  const v1::JobStatus job = cluster.WaitForEnd(id, 300);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << cluster.Logs();
+  ASSERT_EQ(job.restarts_size(), 1) << cluster.Logs();
+  const v1::Restart& r = job.restarts(0);
+  EXPECT_EQ(r.stage(), 1);
+  EXPECT_GE(r.from_step(), 100);
+  EXPECT_EQ(r.stages(), 3);
+  // Detected within the heartbeat timeout (the broken streams tell first).
+  EXPECT_LE(r.detected_unix_ms() - killed_at, kWorkerTimeoutSeconds * 1000) << r.cause();
+  EXPECT_GT(r.recover_seconds(), 0) << "the first step after recovery was trained";
+  EXPECT_EQ(r.restored_from_memory(), 2) << "both survivors rolled back without reading disk";
+  EXPECT_TRUE(absl::StrContains(r.cause(), "stage")) << r.cause();
+  EXPECT_EQ(job.progress().step(), job.progress().total_steps());
+  ASSERT_EQ(job.epochs_size(), 2);
+  EXPECT_EQ(job.stages_size(), 3);
+  EXPECT_NE(job.stages(1).worker_id(), r.worker_id()) << "a spare took the lost stage";
+  EXPECT_LE(std::abs(job.metrics().test_accuracy() - baseline.metrics().test_accuracy()), 0.005)
+      << "recovered " << job.metrics().test_accuracy() << ", undisturbed "
+      << baseline.metrics().test_accuracy();
+  EXPECT_GE(job.generation(), 2);
+  std::cout << "recovery: detected " << r.detected_unix_ms() - killed_at
+            << " ms after the kill, first step " << r.recover_seconds()
+            << " s after detection, from step " << r.from_step() << " (failed at step "
+            << r.failed_at_step() << "); test accuracy " << job.metrics().test_accuracy()
+            << " against " << baseline.metrics().test_accuracy() << " undisturbed\n";
+  // Status, events and metrics show it.
+  const std::string metrics = HttpGet("http://" + cluster.metrics_address() + "/metrics");
+  EXPECT_TRUE(absl::StrContains(
+      metrics, absl::StrCat("pipemare_job_restarts_total{job_id=\"", id, "\"} 1\n")))
+      << metrics;
+  EXPECT_TRUE(absl::StrContains(cluster.Logs(), "RUNNING -> RECOVERING")) << cluster.Logs();
+  auto status = cluster.Ctl({"status", id});
+  EXPECT_TRUE(absl::StrContains(status.out, "RESTARTS")) << status.out;
+}
+
+TEST(Recovery, WithNoSpareAndShrinkTheJobGoesOnWithFewerStages) {
+  Cluster cluster(3, {"--worker-timeout", std::to_string(kWorkerTimeoutSeconds)});
+  ASSERT_TRUE(cluster.ok());
+  const std::string id = cluster.Submit(
+      RecoverableSpec(cluster, "shrink", "recovery: {shrink: true, wait_seconds: 1}"));
+  ASSERT_FALSE(id.empty());
+  ASSERT_GT(KillStageAfterACut(cluster, id, 1), 0);
+  const v1::JobStatus job = cluster.WaitForEnd(id, 300);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << cluster.Logs();
+  ASSERT_EQ(job.restarts_size(), 1);
+  EXPECT_EQ(job.restarts(0).stages(), 2);
+  EXPECT_EQ(job.stages_size(), 2) << "re-partitioned onto the two survivors";
+  EXPECT_EQ(job.spec().schedule().stages(), 2);
+  EXPECT_EQ(job.progress().step(), job.progress().total_steps());
+  EXPECT_GE(job.metrics().test_accuracy(), 0.9);
+  EXPECT_TRUE(absl::StrContains(cluster.Logs(), "shrinking from 3 to 2 stages")) << cluster.Logs();
+}
+
+TEST(Recovery, WithNoSpareAndNoShrinkTheJobFailsNamingTheFixAndResumesLater) {
+  Cluster cluster(3, {"--worker-timeout", std::to_string(kWorkerTimeoutSeconds)});
+  ASSERT_TRUE(cluster.ok());
+  const std::string id =
+      cluster.Submit(RecoverableSpec(cluster, "stuck", "recovery: {wait_seconds: 1}"));
+  ASSERT_FALSE(id.empty());
+  ASSERT_GT(KillStageAfterACut(cluster, id, 2), 0);
+  const v1::JobStatus failed = cluster.WaitForEnd(id, 60);
+  ASSERT_EQ(failed.state(), v1::FAILED) << cluster.Logs();
+  EXPECT_TRUE(absl::StrContains(failed.reason(), "recovery.shrink: true")) << failed.reason();
+  EXPECT_TRUE(absl::StrContains(failed.reason(), "within recovery.wait_seconds (1 s)"))
+      << failed.reason();
+  cluster.AddWorker();
+  auto resumed = cluster.Ctl({"resume", id, "--wait"}, 300);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err << cluster.Logs();
+  EXPECT_EQ(cluster.Status(id).state(), v1::SUCCEEDED);
+}
+
+TEST(Recovery, AStreamOfAnotherGenerationIsRefused) {
+  Cluster cluster(1);
+  ASSERT_TRUE(cluster.ok());
+  const std::string address = cluster.Workers().workers(0).address();
+  auto stub = v1::StageWorker::NewStub(MakeChannel(address));
+  // A one-stage job of generation 2, loaded directly.
+  v1::StageAssignment a;
+  a.set_job_id("job-fence");
+  a.set_stage(0);
+  a.set_num_stages(1);
+  a.set_first_unit(0);
+  a.set_units(2);
+  a.mutable_model()->set_type("mlp");
+  for (int w : {4, 8, 3}) a.mutable_model()->add_layers(w);
+  a.mutable_model()->set_activation("relu");
+  a.mutable_model()->set_init("torch");
+  a.mutable_model()->set_classes(3);
+  a.mutable_optimizer()->set_type("sgd");
+  a.mutable_optimizer()->set_lr(0.1);
+  a.mutable_optimizer()->set_lr_schedule("constant");
+  a.mutable_schedule()->set_type("pipemare");
+  a.mutable_schedule()->set_stages(1);
+  a.mutable_schedule()->set_microbatch_size(2);
+  a.mutable_schedule()->set_microbatches_per_step(1);
+  a.set_steps_per_epoch(4);
+  a.set_total_steps(4);
+  a.add_input_shape(4);
+  a.set_generation(2);
+  v1::LoadStageResponse loaded;
+  auto ctx = ContextWithDeadline(30);
+  grpc::Status st = stub->LoadStage(ctx.get(), a, &loaded);
+  ASSERT_TRUE(st.ok()) << st.error_message() << cluster.Logs();
+
+  for (int64_t generation : {1, 3}) {
+    grpc::ClientContext pipe_ctx;
+    auto stream = stub->Pipe(&pipe_ctx);
+    v1::StageMessage open;
+    open.mutable_open()->set_job_id("job-fence");
+    open.mutable_open()->set_role(v1::StreamOpen::INPUT_FEED);
+    open.mutable_open()->set_from_stage(-1);
+    open.mutable_open()->set_generation(generation);
+    stream->Write(open);
+    stream->WritesDone();
+    v1::StageMessage ignored;
+    while (stream->Read(&ignored)) {
+    }
+    grpc::Status end = stream->Finish();
+    EXPECT_EQ(end.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << generation;
+    EXPECT_TRUE(absl::StrContains(end.error_message(), "runs generation 2")) << end.error_message();
+  }
+  v1::ReleaseStageRequest release;
+  release.set_job_id("job-fence");
+  v1::ReleaseStageResponse released;
+  auto rctx = ContextWithDeadline(10);
+  EXPECT_TRUE(stub->ReleaseStage(rctx.get(), release, &released).ok());
+}
+
+}  // namespace
+}  // namespace pipemare::testing
