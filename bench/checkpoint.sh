@@ -6,9 +6,11 @@
 #      alternating pairs of one-epoch jobs (EXAMPLES training examples), in
 #      one run, samples/s as the coordinator reports it; the ratio of the
 #      medians.
-#   2. a worker killed with SIGKILL mid-job: seconds until the job is FAILED
-#      (detection), and from `pipemarectl resume` (a spare worker is already
-#      idle) until the job has trained its first step after the cut.
+#   2. a worker killed with SIGKILL mid-job, a spare idle: the job recovers
+#      by itself; seconds from the kill until it is detected (RECOVERING) and
+#      until the first step trained after recovery (JobStatus.restarts).
+#   2b. a worker stopped with SIGTERM mid-job: seconds until it has exited
+#      (its job drained and cut a checkpoint first), and the steps lost.
 #   3. the coordinator killed with SIGKILL mid-job and restarted on its state
 #      directory: seconds from the restart until the job has trained its
 #      first step after the cut (the workers re-register by themselves).
@@ -95,27 +97,43 @@ m0=$(median "${without[@]}")
 m1=$(median "${with[@]}")
 echo "| checkpoint every $EVERY steps vs none (4 stages, $EXAMPLES examples, $ROUNDS rounds) | $(printf '%.0f' "$m1") vs $(printf '%.0f' "$m0") samples/s | $(python3 -c "print(f'{$m1/$m0:.3f}x')") |"
 
-# 2. A worker killed mid-job; a spare is idle.
+# 2. A worker killed mid-job; a spare is idle; recovery is automatic.
+restart() {  # JOB FIELD: the job's first restart's field
+  ctl status "$1" --output json | python3 -c 'import json,sys
+r=json.load(sys.stdin).get("restarts", [{}])[0]
+print(r.get(sys.argv[1], 0))' "$2"
+}
+stage_worker() {  # JOB STAGE: the index of the worker serving it (last loaded)
+  local found=""
+  for i in "${!worker_pid[@]}"; do
+    if grep -q "job=$1 stage=$2 loaded stage" "$work/worker-$i.log" 2>/dev/null; then found=$i; fi
+  done
+  echo "$found"
+}
 id=$(submit "$(spec kill-worker "$EVERY")")
 wait_checkpoint "$id"
-victim=""
-for i in 1 2 3 4 5; do
-  if grep -q "job=$id stage=1 loaded stage" "$work/worker-$i.log" 2>/dev/null; then victim=$i; fi
-done
-t0=$(now)
+victim=$(stage_worker "$id" 1)
+t0=$(date +%s%3N)
 kill -9 "${worker_pid[$victim]}"
-wait_state "$id" FAILED
-t1=$(now)
-cut=$(ctl status "$id" --output json | field checkpoint.step)
-wait_idle 4
-t2=$(now)
-ctl resume "$id" >/dev/null 2>&1
-wait_state "$id" RUNNING
-wait_step_above "$id" "$cut"
-t3=$(now)
 wait_state "$id" SUCCEEDED FAILED
-echo "| worker SIGKILL: detected (job FAILED) | $(python3 -c "print(f'{$t1-$t0:.1f} s')") | |"
-echo "| worker SIGKILL: resume to the first step after the cut (spare idle) | $(python3 -c "print(f'{$t3-$t2:.1f} s')") | job $(ctl status "$id" --output json | field state) |"
+detected=$(restart "$id" detected_unix_ms)
+recover=$(restart "$id" recover_seconds)
+echo "| worker SIGKILL: kill to detection (RECOVERING) | $(python3 -c "print(f'{($detected-$t0)/1000:.2f} s')") | |"
+echo "| worker SIGKILL: kill to the first step trained after recovery (spare idle) | $(python3 -c "print(f'{($detected-$t0)/1000+$recover:.2f} s')") | job $(ctl status "$id" --output json | field state), from step $(restart "$id" from_step) (failed at $(restart "$id" failed_at_step)) |"
+start_worker 6  # the next spare
+wait_idle 1
+
+# 2b. A worker stopped with SIGTERM mid-job: it drains, and leaves.
+id=$(submit "$(spec leave-worker 0)")
+wait_step_above "$id" 100
+victim=$(stage_worker "$id" 1)
+t0=$(now)
+kill -TERM "${worker_pid[$victim]}"
+wait "${worker_pid[$victim]}" 2>/dev/null || true
+t1=$(now)
+wait_state "$id" SUCCEEDED FAILED
+lost=$(( $(restart "$id" failed_at_step) - $(restart "$id" from_step) ))
+echo "| worker SIGTERM: to its exit (job drained, cut at its last step) | $(python3 -c "print(f'{$t1-$t0:.2f} s')") | job $(ctl status "$id" --output json | field state), $lost steps lost |"
 
 # 3. The coordinator killed mid-job and restarted on its state directory.
 id=$(submit "$(spec kill-coordinator "$EVERY")")

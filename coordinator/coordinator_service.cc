@@ -82,6 +82,15 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::Heart
   return ToGrpc(registry_->Heartbeat(req->worker_id(), req->instance_id()));
 }
 
+grpc::Status CoordinatorService::DrainWorker(grpc::ServerContext*,
+                                             const v1::DrainWorkerRequest* req,
+                                             v1::DrainWorkerResponse* resp) {
+  auto job = manager_->DrainWorker(req->worker_id(), req->instance_id());
+  if (!job.ok()) return ToGrpc(job.status());
+  resp->set_job_id(*job);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::ExportModel(grpc::ServerContext*,
                                              const v1::ExportModelRequest* req,
                                              v1::ExportModelResponse* resp) {

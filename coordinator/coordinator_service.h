@@ -34,6 +34,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                          v1::HeartbeatResponse*) override;
   grpc::Status ExportModel(grpc::ServerContext*, const v1::ExportModelRequest*,
                            v1::ExportModelResponse*) override;
+  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest*,
+                           v1::DrainWorkerResponse*) override;
   grpc::Status ResumeJob(grpc::ServerContext*, const v1::ResumeJobRequest*,
                          v1::JobStatus*) override;
 

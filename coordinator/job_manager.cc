@@ -23,10 +23,20 @@ JobManager::~JobManager() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
-    for (auto& [id, flag] : cancel_) flag->store(true);
+    // Each running job drains and cuts a checkpoint at its next step; the
+    // next coordinator on this state directory continues from there.
+    for (auto& [id, drain] : drains_) drain->Request("the coordinator is stopping", -1);
   }
   cv_.notify_all();
   scheduler_.join();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock,
+                 std::chrono::milliseconds(
+                     static_cast<int64_t>((options_.drain_timeout_seconds + 5) * 1000)),
+                 [&] { return runners_.empty(); });
+    for (auto& [id, flag] : cancel_) flag->store(true);  // past the bound
+  }
   std::map<std::string, std::thread> runners;
   std::vector<std::thread> finished;
   {
@@ -195,6 +205,21 @@ absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& id) {
 
 void JobManager::Poke() { cv_.notify_all(); }
 
+absl::StatusOr<std::string> JobManager::DrainWorker(const std::string& worker_id,
+                                                    const std::string& instance_id) {
+  auto info = registry_->MarkLeaving(worker_id, instance_id);
+  if (!info.ok()) return info.status();
+  LogInfo(absl::StrCat("worker ", worker_id, " at ", info->address(), " is leaving",
+                       info->job_id().empty() ? "" : absl::StrCat(" (job ", info->job_id(), ")")));
+  if (info->job_id().empty()) return std::string();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = drains_.find(info->job_id());
+  if (it != drains_.end()) {
+    it->second->Request(absl::StrCat("worker ", worker_id, " is stopping"), info->stage());
+  }
+  return info->job_id();
+}
+
 bool JobManager::ShuttingDown() {
   std::lock_guard<std::mutex> lock(mu_);
   return stopping_;
@@ -252,12 +277,16 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
     if (result.ok()) {
       store_->UpdateState(id, v1::SUCCEEDED, "").IgnoreError();
     } else if (absl::IsCancelled(result) && ShuttingDown()) {
-      // The cancel flag was raised by ~JobManager, not by a user: the next
-      // coordinator on this state directory runs it on.
+      // Drained by ~JobManager, not cancelled by a user: it stays RUNNING in
+      // the state directory, and the next coordinator there runs it on.
       store_
-          ->UpdateState(id, v1::FAILED,
-                        "the coordinator shut down while this job was running; `pipemarectl "
-                        "resume` continues it from its newest checkpoint")
+          ->Update(id,
+                   [](v1::JobStatus& s) {
+                     s.set_reason(absl::StrCat(
+                         "the coordinator stopped; the next one on its state directory continues "
+                         "this job from its checkpoint at step ",
+                         s.checkpoint().step()));
+                   })
           .IgnoreError();
     } else if (absl::IsCancelled(result)) {
       store_->UpdateState(id, v1::CANCELLED, std::string(result.message())).IgnoreError();
@@ -267,6 +296,7 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
     if (!result.ok()) LogError(ForJob(id), absl::StrCat("ended: ", result.ToString()));
     std::lock_guard<std::mutex> lock(mu_);
     cancel_.erase(id);
+    drains_.erase(id);
     auto it = runners_.find(id);
     if (it != runners_.end()) {
       finished_.push_back(std::move(it->second));
@@ -311,7 +341,14 @@ absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInf
       if (!m.ok()) return m.status();
       resume = std::move(*m);
     }
+    auto drain = std::make_shared<DrainRequest>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return absl::CancelledError("the coordinator is stopping");
+      drains_[id] = drain;
+    }
     RunContext context;
+    context.drain = drain.get();
     context.generation = job->generation() + 1;
     context.resume = resume ? &*resume : nullptr;
     context.recovering_since = recovering_since;
@@ -319,7 +356,7 @@ absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInf
         .IgnoreError();
     const absl::Status result =
         JobRunner(id, job->spec(), workers, store_, registry_, &cancel, options_, &context).Run();
-    if (result.ok() || !Recoverable(result) || cancel.load()) return result;
+    if (result.ok() || !Recoverable(result) || cancel.load() || ShuttingDown()) return result;
     auto recovered = Recover(id, result, context, &workers, cancel);
     if (!recovered.ok()) return recovered.status();
     recovering_since = *recovered;

@@ -25,7 +25,10 @@ namespace pipemare {
 class JobManager {
  public:
   JobManager(JobStore* store, WorkerRegistry* registry, RunnerOptions options);
-  ~JobManager();  // cancels running jobs and joins every thread
+  // Drains every running job (each cuts a checkpoint at its next step and
+  // stays RUNNING for the next coordinator), cancels what is still running
+  // after RunnerOptions::drain_timeout_seconds, and joins every thread.
+  ~JobManager();
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
@@ -41,6 +44,11 @@ class JobManager {
   absl::StatusOr<v1::JobStatus> Resume(const std::string& id);
   // Wakes the scheduler (a worker registered or became idle).
   void Poke();
+  // A worker about to stop: never given a stage again; the job it serves
+  // drains at its next step, cuts a checkpoint there and recovers without it.
+  // Returns that job's id ("" when idle). NOT_FOUND for an unknown worker.
+  absl::StatusOr<std::string> DrainWorker(const std::string& worker_id,
+                                          const std::string& instance_id);
   // The trained model of job `id` from its checkpoint after step `step`
   // (0: the newest that verifies; a damaged newer one is skipped with a log
   // line and counted in the job's checkpoint.skipped). NOT_FOUND for an
@@ -75,6 +83,7 @@ class JobManager {
   bool stopping_ = false;                                             // GUARDED_BY(mu_)
   std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancel_;  // GUARDED_BY(mu_)
   std::map<std::string, std::thread> runners_;                        // GUARDED_BY(mu_)
+  std::map<std::string, std::shared_ptr<DrainRequest>> drains_;       // GUARDED_BY(mu_)
   std::vector<std::thread> finished_;                                 // GUARDED_BY(mu_)
   std::thread scheduler_;
 };

@@ -88,9 +88,17 @@ class JobRunner::Impl {
   // files and commits its manifest (pipeline/checkpoint.h). Returns a
   // stage's write error, if any.
   absl::Status PollCheckpoints();
-  // The end of the job: waits (bounded) until the cut after the last step
-  // is committed.
-  absl::Status CommitFinalCheckpoint();
+  // Waits until the cut at `step` is committed, at most `seconds`; `what`
+  // names the cut in the error.
+  absl::Status CommitCheckpointAt(int64_t step, double seconds, const std::string& what);
+  // A drain (RunContext::drain) without stopping the pipeline: StartDrain
+  // asks every stage for a cut at the end of a step none can have reached
+  // (the next after the microbatches fed so far); training goes on until
+  // stage 0 applied it; FinishDrain commits that cut and returns how the
+  // run ends (UNAVAILABLE naming a leaving stage, or CANCELLED). Later
+  // microbatches in flight are dropped: a resume replays them.
+  absl::Status StartDrain();
+  absl::Status FinishDrain();
   std::string StageLabel(int i) const {
     return absl::StrCat("stage ", i, " (worker ", r_.workers_[i].id(), " at ",
                         r_.workers_[i].address(), ")");
@@ -135,6 +143,8 @@ class JobRunner::Impl {
   std::string input_json_;          // the input's shape and normalisation
   int64_t committed_step_ = 0;
   int32_t committed_ = 0;
+  int64_t drain_step_ = 0;  // the drain's cut, once StartDrain asked for it
+  Clock::time_point drain_start_;
   std::map<int64_t, std::map<int, v1::CheckpointWritten>> reported_;  // step -> stage -> files
   Clock::time_point last_checkpoint_poll_;
 };
@@ -507,22 +517,72 @@ absl::Status JobRunner::Impl::PollCheckpoints() {
   return absl::OkStatus();
 }
 
-absl::Status JobRunner::Impl::CommitFinalCheckpoint() {
-  const auto deadline =
-      Clock::now() + std::chrono::duration<double>(r_.options_.final_checkpoint_timeout_seconds);
-  while (committed_step_ < total_steps_) {
+absl::Status JobRunner::Impl::CommitCheckpointAt(int64_t step, double seconds,
+                                                 const std::string& what) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  while (committed_step_ < step) {
     if (r_.cancel_->load()) return absl::CancelledError("cancelled by the user");
     if (auto st = PollCheckpoints(); !st.ok()) return st;
-    if (committed_step_ >= total_steps_) break;
+    if (committed_step_ >= step) break;
     if (Clock::now() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "the stages did not all write the final checkpoint (step ", total_steps_, ") to ",
-          checkpoint_dir_, " within ", r_.options_.final_checkpoint_timeout_seconds,
+          "the stages did not all write ", what, " (step ", step, ") to ", checkpoint_dir_,
+          " within ", seconds,
           " s; check that checkpoint.dir is the same shared directory on every worker"));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return absl::OkStatus();
+}
+
+absl::Status JobRunner::Impl::StartDrain() {
+  const auto [why, stage] = r_.context_->drain->reason();
+  const int N = spec_.schedule().microbatches_per_step();
+  // No stage can have applied a step whose last microbatch was not fed.
+  const int64_t fed = train_done_ + in_flight_;
+  drain_step_ = fed / N + 1;
+  drain_start_ = Clock::now();
+  LogInfo(ForJob(r_.job_id_), absl::StrCat("draining (", why, "): cutting at step ", drain_step_,
+                                           " while training on"));
+  for (int i = 0; i < P_; ++i) {
+    v1::CutCheckpointRequest req;
+    req.set_job_id(r_.job_id_);
+    req.set_step(drain_step_);
+    v1::CutCheckpointResponse resp;
+    auto ctx = ContextWithDeadline(r_.options_.drain_timeout_seconds);
+    grpc::Status cut = stubs_[i]->CutCheckpoint(ctx.get(), req, &resp);
+    if (!cut.ok()) {
+      // The newest periodic cut stands; the run ends now.
+      LogError(ForJob(r_.job_id_), absl::StrCat("drain: ", StageLabel(i), " cannot cut at step ",
+                                                drain_step_, ": ", cut.error_message()));
+      drain_step_ = committed_step_;
+      return FinishDrain();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Impl::FinishDrain() {
+  const auto [why, stage] = r_.context_->drain->reason();
+  absl::Status st = absl::OkStatus();
+  if (drain_step_ > committed_step_) {
+    st = CommitCheckpointAt(drain_step_, r_.options_.drain_timeout_seconds,
+                            "the drain's checkpoint");
+  }
+  Publish(true);
+  if (!st.ok()) {
+    LogError(ForJob(r_.job_id_), absl::StrCat("drain: ", st.message()));
+  } else {
+    LogInfo(ForJob(r_.job_id_),
+            absl::StrCat("drained and committed the cut at step ", committed_step_, " in ",
+                         std::chrono::duration<double>(Clock::now() - drain_start_).count(), " s"));
+  }
+  if (stage >= 0) {
+    r_.context_->lost_stages.push_back(stage);
+    return absl::UnavailableError(
+        absl::StrCat(StageLabel(stage), " left (", why, "); drained at step ", committed_step_));
+  }
+  return absl::CancelledError(why);
 }
 
 absl::StatusOr<std::vector<std::vector<double>>> JobRunner::Impl::Profile(const ModelPlan& plan) {
@@ -780,6 +840,14 @@ absl::Status JobRunner::Impl::Run() {
                 absl::StrCat("synchronous warm-up done after ", warmup_steps,
                              " steps; switching to asynchronous ", sched.type()));
       }
+      if (drain_step_ == 0 && r_.context_->drain != nullptr && r_.context_->drain->requested()) {
+        st = StartDrain();
+        if (!st.ok()) break;
+      }
+      if (drain_step_ > 0 && train_done_ >= drain_step_ * N) {
+        st = FinishDrain();
+        break;
+      }
       const int64_t window = InFlightWindow(sync, P_, N);
       st = WaitUntil([&] { return in_flight_ < window; });
       if (st.ok()) st = SendMicrobatch(*train, order, j * mbs, mbs, next_id++, v1::TRAIN);
@@ -841,7 +909,9 @@ absl::Status JobRunner::Impl::Run() {
   epoch_ = std::min(epoch_, spec_.train().epochs());
   // The trained model: the cut after the last step, committed before the
   // stages are released.
-  if (st.ok()) st = CommitFinalCheckpoint();
+  if (st.ok())
+    st = CommitCheckpointAt(total_steps_, r_.options_.final_checkpoint_timeout_seconds,
+                            "the final checkpoint");
   Publish(true);
   CloseFeeds();
   ReleaseStages();

@@ -11,7 +11,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,6 +32,37 @@ struct RunnerOptions {
   std::string checkpoint_dir = "checkpoints";
   // How long the end of a job waits for every stage to write its last cut.
   double final_checkpoint_timeout_seconds = 120;
+  // How long a drain (SIGTERM) waits for a stage to take its cut request,
+  // and for the cut to be committed.
+  double drain_timeout_seconds = 20;
+};
+
+// Asks a running job to drain (a worker or the coordinator is stopping:
+// SIGTERM): cut a checkpoint at the next step no stage has reached, train on
+// until it is taken, commit it and end the run. Thread-safe.
+class DrainRequest {
+ public:
+  // `stage`: the stage whose worker leaves (the run then ends UNAVAILABLE
+  // naming it, and the job recovers without it); -1: the coordinator stops
+  // (the run ends CANCELLED and the job stays RUNNING for the next one).
+  void Request(std::string why, int stage) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (requested_) return;  // the first reason stands
+    why_ = std::move(why);
+    stage_ = stage;
+    requested_ = true;
+  }
+  bool requested() const { return requested_.load(); }
+  std::pair<std::string, int> reason() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {why_, stage_};
+  }
+
+ private:
+  std::atomic<bool> requested_{false};
+  mutable std::mutex mu_;
+  std::string why_;  // GUARDED_BY(mu_)
+  int stage_ = -1;   // GUARDED_BY(mu_)
 };
 
 // One run of a job: which generation it is, where it starts, and what it
@@ -45,6 +78,8 @@ struct RunContext {
   // Set when this run recovers from a failure detected then: the first step
   // it trains completes the job's last Restart (recover_seconds).
   std::chrono::steady_clock::time_point recovering_since{};
+  // Not owned, may be null: a drain asked of this run.
+  const DrainRequest* drain = nullptr;
   // Out: the stages whose workers were lost (unreachable, or silent past the
   // heartbeat timeout) when the run ended, and how many stages restored
   // their units from memory.

@@ -37,6 +37,11 @@ int main(int argc, char** argv) {
   app.add_option("--stall-timeout", stall_timeout,
                  "fail a job whose pipeline makes no progress for this many seconds")
       ->check(CLI::PositiveNumber);
+  double drain_timeout = 20;
+  app.add_option("--drain-timeout", drain_timeout,
+                 "on SIGTERM, seconds each running job may take to drain and commit a "
+                 "checkpoint before the coordinator exits anyway")
+      ->check(CLI::PositiveNumber);
   app.add_option("--metrics-listen", metrics_listen,
                  "host:port for Prometheus /metrics (port 0 = any; empty = off)");
   app.add_option("--metrics-address-file", metrics_address_file,
@@ -67,6 +72,7 @@ int main(int argc, char** argv) {
       std::chrono::milliseconds(static_cast<int64_t>(worker_timeout * 1000)));
   pipemare::RunnerOptions options;
   options.stall_timeout_seconds = stall_timeout;
+  options.drain_timeout_seconds = drain_timeout;
   options.checkpoint_dir = !checkpoint_dir.empty() ? checkpoint_dir
                            : !state_dir.empty()    ? state_dir + "/checkpoints"
                                                    : "pipemare-checkpoints";
@@ -106,8 +112,8 @@ int main(int argc, char** argv) {
   if (!address_file.empty()) write_file(address_file, bound);
   while (!pipemare::WaitForStop(std::chrono::milliseconds(1000))) {
   }
-  pipemare::LogInfo("pipemare-coordinator stopping");
-  manager.reset();  // cancels running jobs and releases their workers
+  pipemare::LogInfo("pipemare-coordinator stopping: draining running jobs");
+  manager.reset();  // drains running jobs (a cut each), releases their workers
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

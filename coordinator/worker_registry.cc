@@ -108,7 +108,7 @@ std::vector<v1::WorkerInfo> WorkerRegistry::List() const {
 int WorkerRegistry::IdleCount() const {
   std::lock_guard<std::mutex> lock(mu_);
   int n = 0;
-  for (const auto& [id, e] : workers_) n += e.info.state() == v1::IDLE;
+  for (const auto& [id, e] : workers_) n += e.info.state() == v1::IDLE && !e.leaving;
   return n;
 }
 
@@ -117,7 +117,7 @@ std::optional<std::vector<v1::WorkerInfo>> WorkerRegistry::Acquire(int n,
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Entry*> idle;
   for (auto& [id, e] : workers_) {
-    if (e.info.state() == v1::IDLE) idle.push_back(&e);
+    if (e.info.state() == v1::IDLE && !e.leaving) idle.push_back(&e);
   }
   if (static_cast<int>(idle.size()) < n) return std::nullopt;
   std::sort(idle.begin(), idle.end(), [](Entry* a, Entry* b) { return a->order < b->order; });
@@ -142,8 +142,22 @@ void WorkerRegistry::Release(const std::string& job_id) {
     if (e.info.job_id() != job_id) continue;
     e.info.clear_job_id();
     e.info.set_stage(-1);
-    if (e.info.state() == v1::BUSY) e.info.set_state(v1::IDLE);
+    if (e.info.state() == v1::BUSY) e.info.set_state(e.leaving ? v1::LOST : v1::IDLE);
   }
+}
+
+absl::StatusOr<v1::WorkerInfo> WorkerRegistry::MarkLeaving(const std::string& worker_id,
+                                                           const std::string& instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.info.state() == v1::LOST ||
+      (!instance_id.empty() && it->second.instance_id != instance_id)) {
+    return absl::NotFoundError(
+        absl::StrCat("worker_id: '", worker_id, "' is not a live registered worker"));
+  }
+  it->second.leaving = true;
+  if (it->second.info.state() == v1::IDLE) it->second.info.set_state(v1::LOST);
+  return it->second.info;
 }
 
 bool WorkerRegistry::IsLost(const std::string& worker_id) const {

@@ -46,8 +46,13 @@ class WorkerRegistry {
   // fewer are idle.
   std::optional<std::vector<v1::WorkerInfo>> Acquire(int n, const std::string& job_id);
   void SetStage(const std::string& worker_id, int stage);
-  // Returns the job's BUSY workers to IDLE.
+  // Returns the job's BUSY workers to IDLE (a leaving one goes LOST).
   void Release(const std::string& job_id);
+  // A worker about to stop: never acquired again; LOST at once when idle,
+  // when its job releases it otherwise. Returns its entry (job_id, stage:
+  // what it serves now). NOT_FOUND for an unknown or LOST worker.
+  absl::StatusOr<v1::WorkerInfo> MarkLeaving(const std::string& worker_id,
+                                             const std::string& instance_id);
   bool IsLost(const std::string& worker_id) const;
   // Marks a worker LOST now (it refused a connection): it gets no new stage
   // until it heartbeats again and registers anew.
@@ -62,6 +67,7 @@ class WorkerRegistry {
     std::string instance_id;  // the worker's own id, kept across registrations
     Clock::time_point last_heartbeat;
     int64_t order = 0;
+    bool leaving = false;  // MarkLeaving
   };
   const std::chrono::milliseconds timeout_;
   mutable std::mutex mu_;

@@ -139,12 +139,30 @@ absl::StatusOr<std::optional<StageExecutor::Output>> StageExecutor::RunLocal() {
   ++next_;
   Output out{a, 0, {}, std::nullopt, stats.last_step_seconds};
   const int64_t k = stats.steps;
-  if ((checkpoint_every_ > 0 && k % checkpoint_every_ == 0) || k == total_steps_) {
-    auto snapshot = std::make_shared<StageSnapshot>(runtime_->Snapshot());
-    snapshot->generation = generation_;
-    out.snapshot = std::move(snapshot);
+  if ((checkpoint_every_ > 0 && k % checkpoint_every_ == 0) || k == total_steps_ || k == cut_at_) {
+    out.snapshot = TakeSnapshot();
   }
   return std::optional<Output>(std::move(out));
+}
+
+std::shared_ptr<const StageSnapshot> StageExecutor::TakeSnapshot() const {
+  auto snapshot = std::make_shared<StageSnapshot>(runtime_->Snapshot());
+  snapshot->generation = generation_;
+  return snapshot;
+}
+
+absl::StatusOr<std::shared_ptr<const StageSnapshot>> StageExecutor::CutAt(int64_t step) {
+  const int64_t steps = runtime_->Stats().steps;
+  if (steps < step) {
+    cut_at_ = step;
+    return std::shared_ptr<const StageSnapshot>();
+  }
+  // Between epochs nothing but evaluation ran since the step: the state is
+  // the step's.
+  if (steps == step && between_epochs()) return TakeSnapshot();
+  return absl::FailedPreconditionError(absl::StrCat("stage ", stage_, " cannot cut at step ", step,
+                                                    ": it has applied ", steps, " steps",
+                                                    steps == step ? " and trained on since" : ""));
 }
 
 absl::StatusOr<StageExecutor::Output> StageExecutor::Evaluate(uint64_t microbatch,

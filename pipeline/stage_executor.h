@@ -83,9 +83,17 @@ class StageExecutor {
   absl::StatusOr<Output> Evaluate(uint64_t microbatch, const torch::Tensor& input,
                                   const torch::Tensor& targets = {});
 
+  // One more cut, at the end of step `step` (a drain's, besides the
+  // periodic ones): taken by the U that applies it (returns nullptr), or now
+  // if the stage has applied exactly `step` steps and its epoch is done.
+  // FAILED_PRECONDITION naming the stage's step if it is past `step`.
+  absl::StatusOr<std::shared_ptr<const StageSnapshot>> CutAt(int64_t step);
+
   StageRuntime& runtime() { return *runtime_; }
 
  private:
+  // The stage's state now, stamped with this run's generation.
+  std::shared_ptr<const StageSnapshot> TakeSnapshot() const;
   StageExecutor(const v1::StageAssignment& a, StageRuntime* runtime);
   absl::Status StartEpoch();
   // Moves past the plan's next action, which must be `ran`.
@@ -95,6 +103,7 @@ class StageExecutor {
   PlanOptions options_;  // first_step set per epoch
   int stage_ = 0;
   int64_t checkpoint_every_ = 0;  // 0: only after the last step
+  int64_t cut_at_ = 0;            // CutAt's step, 0 if none
   int64_t total_steps_ = 0;
   int64_t generation_ = 0;    // stamped on snapshots (fencing)
   std::vector<Action> plan_;  // this epoch's actions; done when next_ == size

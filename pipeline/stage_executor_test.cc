@@ -103,6 +103,45 @@ TEST(StageExecutorTest, RefusesWhatThePlanDoesNotSayNext) {
   EXPECT_EQ(s.runtime->Stats().steps, 1);
 }
 
+TEST(StageExecutorTest, ADrainsCutIsTakenByTheStepItNames) {
+  // One stage, async, N = 1, 3 steps an epoch, no periodic cuts: a cut
+  // asked for at step 2 comes with U2 and holds U2's state, none before.
+  Stage s = Make(Assignment("async", 0, 1, 1, 3));
+  StageExecutor& ex = *s.executor;
+  auto scheduled = ex.CutAt(2);
+  ASSERT_TRUE(scheduled.ok()) << scheduled.status();
+  EXPECT_EQ(*scheduled, nullptr) << "taken later, by U2";
+  std::vector<std::shared_ptr<const StageSnapshot>> cuts;
+  for (uint64_t m = 1; m <= 3; ++m) {
+    ASSERT_TRUE(ex.Forward(m, torch::randn({kBatch, 4}), Targets()).ok());
+    ASSERT_TRUE(ex.RunLocal().ok());  // B
+    auto u = ex.RunLocal();
+    ASSERT_TRUE(u.ok() && u->has_value());
+    cuts.push_back((*u)->snapshot);
+    if (m == 2) {
+      // Past step 2 mid-epoch: too late for another cut there.
+      ASSERT_TRUE(ex.Forward(3, torch::randn({kBatch, 4}), Targets()).ok());
+      auto late = ex.CutAt(2);
+      EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(std::string(late.status().message()), HasSubstr("has applied 2 steps"));
+      ASSERT_TRUE(ex.RunLocal().ok());  // B3
+      ASSERT_TRUE(ex.RunLocal().ok());  // U3
+      cuts.push_back(nullptr);
+      break;
+    }
+  }
+  ASSERT_EQ(cuts.size(), 3u);
+  EXPECT_EQ(cuts[0], nullptr);
+  ASSERT_NE(cuts[1], nullptr);
+  EXPECT_EQ(cuts[1]->step, 2);
+  // At the epoch's end, a cut at the step just applied is taken at once.
+  ASSERT_TRUE(ex.between_epochs());
+  auto now = ex.CutAt(3);
+  ASSERT_TRUE(now.ok()) << now.status();
+  ASSERT_NE(*now, nullptr);
+  EXPECT_EQ((*now)->step, 3);
+}
+
 TEST(StageExecutorTest, TheRuntimeRefusesAStepWithoutItsBackwards) {
   Stage s = Make(Assignment("gpipe", 0, 1, 2, 1));
   auto st = s.runtime->Step();

@@ -91,6 +91,11 @@ int main(int argc, char** argv) {
   app.add_option("--coordinator-timeout", lost_after,
                  "seconds without reaching the coordinator before the current stage is dropped")
       ->check(CLI::PositiveNumber);
+  double drain_timeout = 30;
+  app.add_option("--drain-timeout", drain_timeout,
+                 "on SIGTERM with a stage loaded, seconds to wait for its job to drain, cut a "
+                 "checkpoint and release it before exiting anyway")
+      ->check(CLI::PositiveNumber);
   app.add_option("--metrics-listen", metrics_listen,
                  "host:port for Prometheus /metrics (port 0 = any; empty = off)");
   app.add_option("--log-format", log_format, "text or json");
@@ -233,6 +238,40 @@ int main(int argc, char** argv) {
       last_contact = std::chrono::steady_clock::now();
     }
     pipemare::WaitForStop(std::chrono::milliseconds(interval_ms));
+  }
+  if (service.HasStage() && !worker_id.empty()) {
+    // Leave cleanly: the job drains at its next step, cuts a checkpoint and
+    // recovers without this worker, losing nothing; wait (bounded) for the
+    // coordinator to release the stage.
+    pipemare::v1::DrainWorkerRequest req;
+    req.set_worker_id(worker_id);
+    req.set_instance_id(instance_id);
+    pipemare::v1::DrainWorkerResponse resp;
+    auto ctx = pipemare::ContextWithDeadline(5);
+    grpc::Status st = stub->DrainWorker(ctx.get(), req, &resp);
+    if (st.ok()) {
+      pipemare::LogInfo(absl::StrCat("pipemare-worker stopping: draining job ", resp.job_id(),
+                                     " (at most ", drain_timeout, " s)"));
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::milliseconds(static_cast<int64_t>(drain_timeout * 1000));
+      auto beat = std::chrono::steady_clock::now();
+      while (service.HasStage() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (std::chrono::steady_clock::now() - beat > std::chrono::milliseconds(interval_ms)) {
+          // Still alive while draining: not LOST before the cut is taken.
+          pipemare::v1::HeartbeatRequest hb;
+          hb.set_worker_id(worker_id);
+          hb.set_instance_id(instance_id);
+          pipemare::v1::HeartbeatResponse ignored;
+          auto hb_ctx = pipemare::ContextWithDeadline(2);
+          (void)stub->Heartbeat(hb_ctx.get(), hb, &ignored);
+          beat = std::chrono::steady_clock::now();
+        }
+      }
+    } else {
+      pipemare::LogWarning(absl::StrCat("cannot tell the coordinator this worker leaves (",
+                                        st.error_message(), "); stopping now"));
+    }
   }
   pipemare::LogInfo("pipemare-worker stopping");
   service.ReleaseAll("worker shutting down");

@@ -368,6 +368,12 @@ bool StageHost::NextEvent(Event* event) {
     return activations_.end();
   };
   while (!stopping_ && !failed_) {  // a failed stage computes nothing more
+    if (cut_request_ > 0) {
+      *event = Event{};
+      event->cut = true;
+      event->step = cut_request_;
+      return true;
+    }
     auto act = ready_activation();
     const bool have_act = act != activations_.end();
     // Exactly the input the plan's next action needs; between epochs,
@@ -392,6 +398,32 @@ bool StageHost::NextEvent(Event* event) {
     cv_.wait_for(lock, std::chrono::milliseconds(200));
   }
   return false;
+}
+
+void StageHost::QueueCut(std::shared_ptr<const StageSnapshot> snapshot) {
+  {
+    std::lock_guard<std::mutex> lock(checkpoint_mu_);
+    checkpoint_queue_.push_back(std::move(snapshot));
+  }
+  checkpoint_cv_.notify_all();
+}
+
+absl::Status StageHost::CutAt(int64_t step) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (cut_request_ > 0) return absl::FailedPreconditionError("a cut is already being taken");
+  cut_request_ = step;
+  cut_error_.clear();
+  cv_.notify_all();
+  // The compute thread takes it between two actions.
+  const bool done = cv_.wait_for(lock, std::chrono::seconds(30),
+                                 [&] { return cut_request_ == 0 || stopping_ || failed_; });
+  if (!done || cut_request_ != 0) {
+    cut_request_ = 0;
+    return absl::UnavailableError(failed_ ? absl::StrCat("the stage failed: ", error_)
+                                          : "the stage stopped before its cut");
+  }
+  if (!cut_error_.empty()) return absl::FailedPreconditionError(cut_error_);
+  return absl::OkStatus();
 }
 
 void StageHost::ComputeLoop() {
@@ -419,6 +451,16 @@ void StageHost::ComputeLoop() {
 }
 
 absl::Status StageHost::Process(const Event& event) {
+  if (event.cut) {
+    // Not a stage error when refused: the coordinator hears why.
+    auto snapshot = executor_->CutAt(event.step);
+    if (snapshot.ok() && *snapshot) QueueCut(*snapshot);
+    std::lock_guard<std::mutex> lock(mu_);
+    cut_error_ = snapshot.ok() ? "" : std::string(snapshot.status().message());
+    cut_request_ = 0;
+    cv_.notify_all();
+    return absl::OkStatus();
+  }
   if (event.gradient) return HandleGradient(event);
   return HandleActivation(event);
 }
@@ -465,13 +507,7 @@ absl::Status StageHost::Emit(const StageExecutor::Output& out, v1::Phase phase) 
   switch (out.action.op) {
     case Action::Op::kUpdate:
       metrics_->Update(runtime_->Stats());  // observes the optimizer step
-      if (out.snapshot) {
-        {
-          std::lock_guard<std::mutex> lock(checkpoint_mu_);
-          checkpoint_queue_.push_back(out.snapshot);
-        }
-        checkpoint_cv_.notify_all();
-      }
+      if (out.snapshot) QueueCut(out.snapshot);
       return absl::OkStatus();
     case Action::Op::kBackward:
       metrics_->backward_seconds->Observe(out.seconds);

@@ -83,6 +83,10 @@ class StageHost {
   void Stop();
 
   bool failed() const { return failed_.load(); }
+  // Adds a cut at the end of step `step` (StageExecutor::CutAt), handed to
+  // the compute thread between two of its actions; returns once it took it.
+  // FAILED_PRECONDITION when the stage is past `step`.
+  absl::Status CutAt(int64_t step);
   v1::StageStatusResponse Status() const;
   StageStats Stats() const { return runtime_->Stats(); }
   // The newest cuts this stage wrote (at most kRetainedCuts), in memory.
@@ -99,6 +103,8 @@ class StageHost {
     uint64_t microbatch = 0;
     v1::Phase phase = v1::TRAIN;
     torch::Tensor tensor;
+    bool cut = false;  // CutAt's request (at `step`); no tensor
+    int64_t step = 0;
   };
   enum class Side { kNone, kUpstream, kDownstream, kTargets };
   static constexpr int kSides = 4;
@@ -149,6 +155,8 @@ class StageHost {
   std::deque<Event> gradients_;
   std::map<uint64_t, torch::Tensor> targets_;
   std::string error_;
+  int64_t cut_request_ = 0;  // CutAt's step, until the compute thread took it
+  std::string cut_error_;
   // One writer at a time per stream; a handler unregisters its stream under
   // its side's lock, so a writer holding it sees a live stream or none.
   std::mutex write_mu_[kSides];
@@ -168,6 +176,7 @@ class StageHost {
   // this thread, which writes it while the stage trains on
   // (pipeline/checkpoint.h) and records what it wrote for Status().
   void CheckpointLoop();
+  void QueueCut(std::shared_ptr<const StageSnapshot> snapshot);
   std::thread checkpoint_thread_;
   mutable std::mutex checkpoint_mu_;
   std::condition_variable checkpoint_cv_;

@@ -149,6 +149,20 @@ grpc::Status WorkerService::ReleaseStage(grpc::ServerContext*,
   return grpc::Status::OK;  // releasing what is not here is a no-op
 }
 
+grpc::Status WorkerService::CutCheckpoint(grpc::ServerContext*,
+                                          const v1::CutCheckpointRequest* request,
+                                          v1::CutCheckpointResponse*) {
+  auto host = Current(request->job_id());
+  if (!host) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("job_id: no stage of job '", request->job_id(), "' here"));
+  }
+  if (request->step() < 1) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "step: must be >= 1");
+  }
+  return ToGrpc(host->CutAt(request->step()));
+}
+
 void WorkerService::ReleaseAll(const std::string& why) {
   std::shared_ptr<StageHost> host;
   {

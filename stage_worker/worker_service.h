@@ -32,6 +32,8 @@ class WorkerService final : public v1::StageWorker::Service {
                               v1::StageStatusResponse* response) override;
   grpc::Status ReleaseStage(grpc::ServerContext* context, const v1::ReleaseStageRequest* request,
                             v1::ReleaseStageResponse* response) override;
+  grpc::Status CutCheckpoint(grpc::ServerContext* context, const v1::CutCheckpointRequest* request,
+                             v1::CutCheckpointResponse* response) override;
   // Times every unit of a model on this worker's device (partition
   // "profile"). Idle workers only; one profile at a time.
   grpc::Status ProfileUnits(grpc::ServerContext* context, const v1::ProfileRequest* request,
@@ -39,6 +41,11 @@ class WorkerService final : public v1::StageWorker::Service {
 
   // Drops the current stage, whatever its job (coordinator lost, shutdown).
   void ReleaseAll(const std::string& why);
+  // Whether a stage is loaded (draining waits until it is released).
+  bool HasStage() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return host_ != nullptr && !host_->failed();
+  }
   void set_self_address(const std::string& a) { self_address_ = a; }
 
  private:

@@ -11,15 +11,6 @@
 
 namespace pipemare::testing {
 
-namespace {
-template <typename M>
-bool ParseJson(const std::string& json, M* msg) {
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = true;
-  return google::protobuf::util::JsonStringToMessage(json, msg, options).ok();
-}
-}  // namespace
-
 Cluster::Cluster(int workers, std::vector<std::string> coordinator_flags)
     : dir_(MakeTempDir()), coordinator_flags_(std::move(coordinator_flags)) {
   StartCoordinator();

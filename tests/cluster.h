@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "google/protobuf/util/json_util.h"
 #include "pipemare/v1/pipemare.pb.h"
 #include "tests/process.h"
 
@@ -58,6 +59,14 @@ class Cluster {
   bool ok_ = false;
   int coordinator_starts_ = 0;
 };
+
+// `pipemarectl --output json`'s message, unknown fields ignored.
+template <typename M>
+bool ParseJson(const std::string& json, M* msg) {
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  return google::protobuf::util::JsonStringToMessage(json, msg, options).ok();
+}
 
 // A short MNIST job spec in YAML (real data, a few hundred steps).
 std::string ShortSpec(const std::string& name, const std::string& schedule, int stages,

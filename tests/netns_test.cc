@@ -4,15 +4,25 @@
 // Every process is started with the README's own flags and no --advertise.
 // Needs root and iproute2; the test says why and skips without them (CI runs
 // as root and runs it). Label: multiprocess.
+//
+// A second test cuts one worker's link mid-job with every process alive and
+// checks that the job recovers without it and that, its link back, the
+// cut-off worker commits nothing (fencing).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "tests/cluster.h"
 #include "tests/process.h"
 
@@ -56,6 +66,11 @@ class Hosts {
   }
 
   std::string Namespace(int i) const { return absl::StrCat(tag_, "-host", i); }
+  // Takes host i's link to the bridge down (every process stays alive) or
+  // brings it back.
+  bool SetLink(int i, bool up) {
+    return Ip({"link", "set", absl::StrCat(tag_, "h", i), up ? "up" : "down"});
+  }
   // Host 0 is the coordinator's.
   static std::string Address(int i) {
     return i == 0 ? "10.77.0.1" : absl::StrCat("10.77.0.", 10 + i);
@@ -151,6 +166,121 @@ TEST(SeparateHosts, TheExampleTrainsOnHostsThatShareAHostnameWithTheReadmesFlags
     ++idle;
   }
   EXPECT_EQ(idle, kWorkers) << after.out;
+}
+
+TEST(SeparateHosts, ACutLinkCostsTheStepsSinceTheCutAndTheCutOffWorkerCommitsNothing) {
+  constexpr int kStages = 3;
+  constexpr int kHosts = kStages + 1;  // one spare
+  Hosts hosts;
+  const std::string why = hosts.Make(1 + kHosts);
+  if (!why.empty()) GTEST_SKIP() << "cannot make network hosts here: " << why;
+  const std::string dir = MakeTempDir();
+  // Checkpoints on a directory every host reaches (namespaces share the
+  // filesystem, as a shared volume would).
+  Process coordinator(hosts.In(0, {BinDir() + "/pipemare-coordinator", "--listen", "0.0.0.0:7070",
+                                   "--state-dir", dir + "/state", "--worker-timeout", "3"}),
+                      dir + "/coordinator.log");
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int i = 1; i <= kHosts; ++i) {
+    workers.push_back(std::make_unique<Process>(
+        hosts.In(i, {BinDir() + "/pipemare-worker", "--coordinator", "10.77.0.1:7070", "--listen",
+                     "0.0.0.0:7071", "--device", "cpu", "--threads", "1"}),
+        absl::StrCat(dir, "/worker-", i, ".log")));
+  }
+  auto logs = [&] {
+    std::string all = coordinator.Log();
+    for (auto& w : workers) absl::StrAppend(&all, "\n--- worker\n", w->Log());
+    return all;
+  };
+  auto ctl = [&](std::vector<std::string> args, double timeout) {
+    args.insert(args.begin(), {BinDir() + "/pipemarectl", "--coordinator", "10.77.0.1:7070"});
+    return pipemare::testing::Run(args, timeout);
+  };
+  auto status = [&](const std::string& id) {
+    v1::JobStatus s;
+    auto r = ctl({"status", id, "--output", "json"}, 20);
+    if (r.exit_code == 0) ParseJson(r.out, &s);
+    return s;
+  };
+  auto idle = [&] {
+    v1::ListWorkersResponse w;
+    auto r = ctl({"workers", "--output", "json"}, 20);
+    if (r.exit_code == 0) ParseJson(r.out, &w);
+    int n = 0;
+    for (const auto& x : w.workers()) n += x.state() == v1::IDLE;
+    return n;
+  };
+  ASSERT_TRUE(WaitFor(60, [&] { return idle() == kHosts; })) << logs();
+
+  const std::string spec = absl::StrCat(dir, "/spec.yaml");
+  FILE* f = fopen(spec.c_str(), "w");
+  fputs(absl::StrCat(ShortSpec("cut-link", "pipemare", kStages, 12800, 4),
+                     "checkpoint: {every_steps: 50, keep: 10, dir: ", dir, "/checkpoints}\n")
+            .c_str(),
+        f);
+  fclose(f);
+  auto submitted = ctl({"submit", spec, "--output", "json"}, 30);
+  v1::JobStatus sub;
+  ASSERT_TRUE(ParseJson(submitted.out, &sub)) << submitted.out << submitted.err;
+  const std::string id = sub.id();
+  v1::JobStatus job;
+  ASSERT_TRUE(WaitFor(120, [&] {
+    job = status(id);
+    return job.checkpoint().step() >= 100;
+  })) << logs();
+  // The middle stage's host loses its link; its processes live on.
+  int victim = 0;
+  for (const auto& s : job.stages()) {
+    if (s.index() != 1) continue;
+    for (int i = 1; i <= kHosts; ++i) {
+      if (absl::StartsWith(s.worker_address(), Hosts::Address(i) + ":")) victim = i;
+    }
+  }
+  ASSERT_GT(victim, 0) << job.DebugString();
+  ASSERT_TRUE(hosts.SetLink(victim, false));
+  // Recovered onto the spare while the link is still down.
+  ASSERT_TRUE(WaitFor(120, [&] {
+    job = status(id);
+    return job.restarts_size() == 1 && job.state() == v1::RUNNING &&
+           job.restarts(0).recover_seconds() > 0;
+  })) << logs();
+  EXPECT_EQ(job.restarts(0).stage(), 1);
+  EXPECT_GE(job.generation(), 2);
+  ASSERT_TRUE(hosts.SetLink(victim, true));
+  // The link is back while the job still trains: the cut-off worker, its
+  // stage of generation 1 still loaded, must not get anything in.
+  EXPECT_EQ(status(id).state(), v1::RUNNING);
+  job = status(id);
+  for (int i = 0; i < 300 && job.state() == v1::RUNNING; ++i) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    job = status(id);
+  }
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << logs();
+  EXPECT_GE(job.metrics().test_accuracy(), 0.9);
+  // The cut-off worker comes back as a fresh idle worker.
+  EXPECT_TRUE(WaitFor(60, [&] { return idle() == kHosts; })) << logs();
+
+  // Fencing: every manifest committed by a run of generation g names only
+  // files written by generation g, and "latest" is the last run's.
+  int manifests = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints/" + id)) {
+    const auto path = entry.path() / "manifest.json";
+    if (!std::filesystem::exists(path)) continue;
+    const nlohmann::json m = nlohmann::json::parse(ReadFile(path.string()));
+    const int64_t generation = m.at("generation").get<int64_t>();
+    for (const auto& file : m.at("files")) {
+      EXPECT_TRUE(absl::StrContains(file.at("file").get<std::string>(),
+                                    absl::StrCat(".g", generation, ".pt")))
+          << path << ": " << file.dump();
+    }
+    ++manifests;
+  }
+  EXPECT_GT(manifests, 1);
+  const std::string latest = ReadFile(dir + "/checkpoints/" + id + "/latest");
+  const nlohmann::json last = nlohmann::json::parse(ReadFile(absl::StrCat(
+      dir, "/checkpoints/", id, "/", absl::StripAsciiWhitespace(latest), "/manifest.json")));
+  EXPECT_EQ(last.at("generation").get<int64_t>(), job.generation());
+  if (getenv("PIPEMARE_TEST_LOGS") != nullptr) std::cout << logs() << std::endl;
 }
 
 }  // namespace
