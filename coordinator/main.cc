@@ -38,9 +38,11 @@ int main(int argc, char** argv) {
                  "fail a job whose pipeline makes no progress for this many seconds")
       ->check(CLI::PositiveNumber);
   double drain_timeout = 20;
-  app.add_option("--drain-timeout", drain_timeout,
-                 "on SIGTERM, seconds each running job may take to drain and commit a "
-                 "checkpoint before the coordinator exits anyway")
+  app.add_option(
+         "--drain-timeout", drain_timeout,
+         "on SIGTERM, seconds each running job may take to drain and commit a "
+         "checkpoint; the coordinator exits at most this + 10 s after SIGTERM, and at once on "
+         "a second one")
       ->check(CLI::PositiveNumber);
   app.add_option("--metrics-listen", metrics_listen,
                  "host:port for Prometheus /metrics (port 0 = any; empty = off)");
@@ -57,6 +59,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   pipemare::BlockStopSignals();
+  // Draining waits drain_timeout + 5 s for running jobs, then the server
+  // 2 s; whatever still holds the process after that is cut short.
+  pipemare::SetStopBound(drain_timeout + 10);
   pipemare::TuneMallocForLargeMessages();
 
   std::unique_ptr<pipemare::JobStore> store = std::make_unique<pipemare::JobStore>();

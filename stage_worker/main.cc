@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
   double drain_timeout = 30;
   app.add_option("--drain-timeout", drain_timeout,
                  "on SIGTERM with a stage loaded, seconds to wait for its job to drain, cut a "
-                 "checkpoint and release it before exiting anyway")
+                 "checkpoint and release it before exiting anyway (at most this + 10 s after "
+                 "SIGTERM; at once on a second one)")
       ->check(CLI::PositiveNumber);
   app.add_option("--metrics-listen", metrics_listen,
                  "host:port for Prometheus /metrics (port 0 = any; empty = off)");
@@ -106,6 +107,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   pipemare::BlockStopSignals();
+  // The drain waits at most drain_timeout, the server 2 s; whatever still
+  // holds the process after that is cut short.
+  pipemare::SetStopBound(drain_timeout + 10);
   pipemare::TuneMallocForLargeMessages();
   auto device = ParseDevice(device_flag);
   if (!device.ok()) {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -194,6 +195,38 @@ TEST(Recovery, ASigtermedCoordinatorCutsACheckpointAndTheNextOneContinuesFromIt)
   EXPECT_EQ(job.resumed_from_step(), cut);
   EXPECT_EQ(job.progress().step(), job.progress().total_steps());
   EXPECT_GE(job.metrics().test_accuracy(), 0.9);
+}
+
+TEST(Recovery, ASecondSigtermEndsADrainThatCannotFinish) {
+  // Stage 0's worker hangs (SIGSTOP), so the drain that stage 1's worker
+  // asks for on SIGTERM cannot cut: the worker waits for it (up to its
+  // --drain-timeout), and a second SIGTERM ends it at once, saying why.
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok());
+  const std::string id = cluster.Submit(
+      cluster.WriteSpec("hung", absl::StrCat(ShortSpec("hung", "pipemare", 2, 12800, 20))));
+  ASSERT_FALSE(id.empty());
+  v1::JobStatus job;
+  ASSERT_TRUE(WaitFor(120, [&] {
+    job = cluster.Status(id);
+    return job.progress().step() > 20;
+  })) << cluster.Logs();
+  const int hung = cluster.WorkerForStage(job, 0), leaving = cluster.WorkerForStage(job, 1);
+  ASSERT_GE(hung, 0);
+  ASSERT_GE(leaving, 0);
+  cluster.worker(hung).Signal(SIGSTOP);
+  cluster.worker(leaving).Signal(SIGTERM);
+  EXPECT_TRUE(WaitFor(10, [&] {
+    return absl::StrContains(cluster.worker(leaving).Log(), "stopping: draining job");
+  })) << cluster.Logs();
+  EXPECT_EQ(cluster.worker(leaving).Wait(1), -1) << "still waiting for the drain";
+  const auto start = std::chrono::steady_clock::now();
+  cluster.worker(leaving).Signal(SIGTERM);
+  EXPECT_EQ(cluster.worker(leaving).Wait(5), 1) << cluster.worker(leaving).Log();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 3);
+  EXPECT_TRUE(absl::StrContains(cluster.worker(leaving).Log(), "exiting now: a second stop signal"))
+      << cluster.worker(leaving).Log();
+  cluster.worker(hung).Signal(SIGCONT);
 }
 
 TEST(Recovery, AStreamOfAnotherGenerationIsRefused) {
