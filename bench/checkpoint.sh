@@ -3,9 +3,9 @@
 # processes on loopback (4 workers, the example's MLP on MNIST, pipemare):
 #
 #   1. throughput with a checkpoint every 50 steps against none: ROUNDS
-#      alternating pairs of one-epoch jobs (EXAMPLES training examples), in
-#      one run, samples/s as the coordinator reports it; the ratio of the
-#      medians.
+#      pairs of one-epoch jobs (EXAMPLES training examples) in alternating
+#      order, in one run, samples/s as the coordinator reports it; the ratio
+#      of the medians, and every sample.
 #   2. a worker killed with SIGKILL mid-job, a spare idle: the job recovers
 #      by itself; seconds from the kill until it is detected (RECOVERING) and
 #      until the first step trained after recovery (JobStatus.restarts).
@@ -16,11 +16,11 @@
 #      first step after the cut (the workers re-register by themselves).
 #
 #   bench/checkpoint.sh            (prints the Markdown rows of docs/benchmarks.md)
-# Knobs: ROUNDS=3, EXAMPLES=19200, EVERY=50.
+# Knobs: ROUNDS=4, EXAMPLES=19200, EVERY=50.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${BIN_DIR:-$root/build/bin}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-4}
 EXAMPLES=${EXAMPLES:-19200}
 EVERY=${EVERY:-50}
 
@@ -85,22 +85,52 @@ wait_idle 5
 # 1. Throughput, alternating.
 with=() without=()
 for r in $(seq "$ROUNDS"); do
-  for every in 0 "$EVERY"; do
+  # Odd rounds run the job without checkpoints first, even rounds second:
+  # whatever the order costs falls on both sides alike.
+  order="0 $EVERY"
+  [ $((r % 2)) -eq 0 ] && order="$EVERY 0"
+  for every in $order; do
     id=$(submit "$(spec "tp-$r-$every" "$every")")
     wait_state "$id" SUCCEEDED FAILED CANCELLED
     sps=$(ctl status "$id" --output json | field metrics.samples_per_second)
-    if [ "$every" = 0 ]; then without+=("$sps"); else with+=("$sps"); fi
+    if [ "$every" = 0 ]; then without+=("$sps"); else with+=("$sps"); last_with=$id; fi
   done
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 m0=$(median "${without[@]}")
 m1=$(median "${with[@]}")
 echo "| checkpoint every $EVERY steps vs none (4 stages, $EXAMPLES examples, $ROUNDS rounds) | $(printf '%.0f' "$m1") vs $(printf '%.0f' "$m0") samples/s | $(python3 -c "print(f'{$m1/$m0:.3f}x')") |"
+echo "samples/s with: ${with[*]}; without: ${without[*]}" >&2
+# What the cuts cost the compute threads, read from the workers' own
+# metrics for the last job with checkpoints: the share of each stage's busy
+# time spent copying its state to host memory (the only work a cut adds to
+# training; the write runs on another thread).
+cut_share() {  # JOB
+  ctl workers --output json | python3 -c '
+import json, sys, urllib.request
+job = sys.argv[1]
+snap, busy, cuts = {}, {}, {}
+for w in json.load(sys.stdin).get("workers", []):
+    addr = w.get("metricsAddress") or w.get("metrics_address")
+    if not addr: continue
+    for line in urllib.request.urlopen("http://" + addr + "/metrics").read().decode().splitlines():
+        if "job_id=\"" + job + "\"" not in line: continue
+        stage = line.split("stage=\"")[1].split("\"")[0]
+        v = float(line.rsplit(" ", 1)[1])
+        if line.startswith("pipemare_stage_checkpoint_snapshot_seconds_sum"): snap[stage] = v
+        if line.startswith("pipemare_stage_checkpoint_snapshot_seconds_count"): cuts[stage] = v
+        if line.startswith("pipemare_stage_busy_seconds_total"): busy[stage] = v
+shares = {s: snap[s] / busy[s] for s in snap if busy.get(s)}
+worst = max(shares, key=shares.get)
+print(f"{100*shares[worst]:.2f}% (stage {worst}: {int(cuts[worst])} cuts, {1000*snap[worst]/cuts[worst]:.2f} ms each) | stages: " +
+      ", ".join(f"{s}: {100*shares[s]:.2f}%" for s in sorted(shares)))' "$1"
+}
+echo "| checkpoint every $EVERY steps: compute-thread time in cuts, worst stage | $(cut_share "$last_with") |"
 
 # 2. A worker killed mid-job; a spare is idle; recovery is automatic.
 restart() {  # JOB FIELD: the job's first restart's field
   ctl status "$1" --output json | python3 -c 'import json,sys
-r=json.load(sys.stdin).get("restarts", [{}])[0]
+r=(json.load(sys.stdin).get("restarts") or [{}])[0]
 print(r.get(sys.argv[1], 0))' "$2"
 }
 stage_worker() {  # JOB STAGE: the index of the worker serving it (last loaded)

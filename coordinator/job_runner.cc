@@ -44,7 +44,10 @@ JobRunner::JobRunner(std::string job_id, v1::JobSpec spec, std::vector<v1::Worke
 class JobRunner::Impl {
  public:
   Impl(const JobRunner& r) : r_(r), spec_(r.spec_), P_(spec_.schedule().stages()) {}
-  ~Impl() { CloseFeeds(); }
+  ~Impl() {
+    StopCommitter();
+    CloseFeeds();
+  }
 
   absl::Status Run();
 
@@ -87,7 +90,15 @@ class JobRunner::Impl {
   // have written the same one, newer than the last committed, verifies the
   // files and commits its manifest (pipeline/checkpoint.h). Returns a
   // stage's write error, if any.
+  // Callers hold commit_mu_.
   absl::Status PollCheckpoints();
+  // The committer thread: while the feed loop trains on, polls every 250 ms
+  // once a periodic cut is due and commits it, so verifying a cut's files
+  // never holds up the feed. A stage's write error ends the run through
+  // commit_error_.
+  void StartCommitter();
+  void StopCommitter();
+  void CommitterLoop();
   // Waits until the cut at `step` is committed, at most `seconds`; `what`
   // names the cut in the error.
   absl::Status CommitCheckpointAt(int64_t step, double seconds, const std::string& what);
@@ -139,14 +150,18 @@ class JobRunner::Impl {
   // Checkpoints.
   std::string checkpoint_dir_;
   std::vector<StageRange> ranges_;
-  std::string manifest_spec_json_;  // the resolved spec, as the manifest keeps it
-  std::string input_json_;          // the input's shape and normalisation
-  int64_t committed_step_ = 0;
-  int32_t committed_ = 0;
-  int64_t drain_step_ = 0;  // the drain's cut, once StartDrain asked for it
+  std::string manifest_spec_json_;          // the resolved spec, as the manifest keeps it
+  std::string input_json_;                  // the input's shape and normalisation
+  std::mutex commit_mu_;                    // one poll/commit at a time (committer, runner)
+  std::atomic<int64_t> committed_step_{0};  // written under commit_mu_
+  int32_t committed_ = 0;                   // GUARDED_BY(commit_mu_)
+  std::atomic<int64_t> steps_done_{0};      // train_done_ / N, for the committer
+  std::thread committer_;
+  bool committer_stop_ = false;  // GUARDED_BY(mu_)
+  absl::Status commit_error_;    // GUARDED_BY(mu_)
+  int64_t drain_step_ = 0;       // the drain's cut, once StartDrain asked for it
   Clock::time_point drain_start_;
   std::map<int64_t, std::map<int, v1::CheckpointWritten>> reported_;  // step -> stage -> files
-  Clock::time_point last_checkpoint_poll_;
 };
 
 absl::Status JobRunner::Run() {
@@ -304,6 +319,7 @@ void JobRunner::Impl::Handle(const FeedEvent& e) {
   if (e.kind == FeedEvent::kDone) {
     --in_flight_;
     ++train_done_;
+    steps_done_.store(train_done_ / spec_.schedule().microbatches_per_step());
     if (r_.context_->recovering_since != Clock::time_point() &&
         train_done_ % spec_.schedule().microbatches_per_step() == 0) {
       // The first step trained after a recovery ends its timeline.
@@ -344,17 +360,13 @@ void JobRunner::Impl::Handle(const FeedEvent& e) {
 absl::Status JobRunner::Impl::WaitUntil(const std::function<bool()>& done) {
   while (!done()) {
     if (r_.cancel_->load()) return absl::CancelledError("cancelled by the user");
-    // A cut is due: commit it once every stage has written it.
-    const int64_t every = spec_.checkpoint().every_steps();
-    if (every > 0 && Clock::now() - last_checkpoint_poll_ > std::chrono::milliseconds(250) &&
-        train_done_ / spec_.schedule().microbatches_per_step() >= committed_step_ + every) {
-      if (auto st = PollCheckpoints(); !st.ok()) return st;
-    }
     FeedEvent e;
     bool got = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !events_.empty(); });
+      if (!commit_error_.ok()) return commit_error_;
+      cv_.wait_for(lock, std::chrono::milliseconds(200),
+                   [&] { return !events_.empty() || !commit_error_.ok(); });
       if (!events_.empty()) {
         e = std::move(events_.front());
         events_.pop_front();
@@ -441,8 +453,47 @@ void JobRunner::Impl::PollStages() {
   }
 }
 
+void JobRunner::Impl::StartCommitter() {
+  if (spec_.checkpoint().every_steps() <= 0) return;  // only the final cut
+  committer_ = std::thread([this] { CommitterLoop(); });
+}
+
+void JobRunner::Impl::StopCommitter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    committer_stop_ = true;
+  }
+  cv_.notify_all();
+  if (committer_.joinable()) committer_.join();
+}
+
+void JobRunner::Impl::CommitterLoop() {
+  const int64_t every = spec_.checkpoint().every_steps();
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::milliseconds(250), [&] { return committer_stop_; })) {
+        return;
+      }
+    }
+    if (steps_done_.load() < committed_step_.load() + every) continue;  // no cut due
+    absl::Status st;
+    {
+      std::lock_guard<std::mutex> lock(commit_mu_);
+      st = PollCheckpoints();
+    }
+    if (!st.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        commit_error_ = st;
+      }
+      cv_.notify_all();
+      return;
+    }
+  }
+}
+
 absl::Status JobRunner::Impl::PollCheckpoints() {
-  last_checkpoint_poll_ = Clock::now();
   std::vector<v1::CheckpointWritten> written(P_);
   for (int i = 0; i < P_; ++i) {
     v1::StageStatusRequest req;
@@ -451,7 +502,8 @@ absl::Status JobRunner::Impl::PollCheckpoints() {
     auto ctx = ContextWithDeadline(3);
     if (!stubs_[i]->GetStageStatus(ctx.get(), req, &resp).ok()) return absl::OkStatus();
     if (!resp.checkpoint().error().empty()) {
-      return absl::UnavailableError(absl::StrCat(
+      // The operator's to fix, not a lost worker's: no recovery.
+      return absl::FailedPreconditionError(absl::StrCat(
           StageLabel(i), " could not write its checkpoint: ", resp.checkpoint().error(),
           "; check checkpoint.dir (", checkpoint_dir_, ") is writable from every worker"));
     }
@@ -522,7 +574,12 @@ absl::Status JobRunner::Impl::CommitCheckpointAt(int64_t step, double seconds,
   const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
   while (committed_step_ < step) {
     if (r_.cancel_->load()) return absl::CancelledError("cancelled by the user");
-    if (auto st = PollCheckpoints(); !st.ok()) return st;
+    absl::Status st;
+    {
+      std::lock_guard<std::mutex> lock(commit_mu_);
+      st = PollCheckpoints();
+    }
+    if (!st.ok()) return st;
     if (committed_step_ >= step) break;
     if (Clock::now() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -574,13 +631,13 @@ absl::Status JobRunner::Impl::FinishDrain() {
     LogError(ForJob(r_.job_id_), absl::StrCat("drain: ", st.message()));
   } else {
     LogInfo(ForJob(r_.job_id_),
-            absl::StrCat("drained and committed the cut at step ", committed_step_, " in ",
+            absl::StrCat("drained and committed the cut at step ", committed_step_.load(), " in ",
                          std::chrono::duration<double>(Clock::now() - drain_start_).count(), " s"));
   }
   if (stage >= 0) {
     r_.context_->lost_stages.push_back(stage);
-    return absl::UnavailableError(
-        absl::StrCat(StageLabel(stage), " left (", why, "); drained at step ", committed_step_));
+    return absl::UnavailableError(absl::StrCat(StageLabel(stage), " left (", why,
+                                               "); drained at step ", committed_step_.load()));
   }
   return absl::CancelledError(why);
 }
@@ -754,6 +811,7 @@ absl::Status JobRunner::Impl::Run() {
     }
     committed_step_ = resume->step;
     train_done_ = resume->step * N;
+    steps_done_ = resume->step;
     LogInfo(ForJob(r_.job_id_),
             absl::StrCat("resuming from the checkpoint at step ", resume->step, " (microbatch ",
                          resume->microbatch, ", epoch ", resume->epoch, ", example ",
@@ -821,6 +879,7 @@ absl::Status JobRunner::Impl::Run() {
   const int64_t eval_mbs = EvalMicrobatchSize(mbs);
   uint64_t next_id = 1;
   Publish(true);
+  StartCommitter();
   const int64_t first_epoch = resume != nullptr ? resume->step / steps_per_epoch_ + 1 : 1;
   for (epoch_ = first_epoch; epoch_ <= spec_.train().epochs() && st.ok(); ++epoch_) {
     const std::vector<int64_t> order = EpochOrder(train->count, spec_.train(), epoch_);
@@ -907,6 +966,7 @@ absl::Status JobRunner::Impl::Run() {
     }
   }
   epoch_ = std::min(epoch_, spec_.train().epochs());
+  StopCommitter();
   // The trained model: the cut after the last step, committed before the
   // stages are released.
   if (st.ok())

@@ -26,6 +26,7 @@ struct StageSnapshot {
   int64_t step = 0;
   int stage = 0;
   int64_t generation = 0;  // of the run that took it (fencing; names its files)
+  double seconds = 0;      // the copy's time, on the compute thread
   std::vector<UnitState> units;
 };
 

@@ -146,8 +146,11 @@ absl::StatusOr<std::optional<StageExecutor::Output>> StageExecutor::RunLocal() {
 }
 
 std::shared_ptr<const StageSnapshot> StageExecutor::TakeSnapshot() const {
+  const auto start = std::chrono::steady_clock::now();
   auto snapshot = std::make_shared<StageSnapshot>(runtime_->Snapshot());
   snapshot->generation = generation_;
+  snapshot->seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return snapshot;
 }
 

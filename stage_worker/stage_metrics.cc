@@ -69,6 +69,21 @@ WorkerMetrics::WorkerMetrics(const std::string& device)
                     .Name("pipemare_stage_received_bytes_total")
                     .Help("Tensor payload bytes received, by kind")
                     .Register(*registry_)),
+      checkpoint_snapshot_seconds_(
+          BuildHistogram()
+              .Name("pipemare_stage_checkpoint_snapshot_seconds")
+              .Help("Compute-thread time to copy the stage's state to host memory for one "
+                    "checkpoint cut: what a cut costs training")
+              .Register(*registry_)),
+      checkpoint_write_seconds_(
+          BuildHistogram()
+              .Name("pipemare_stage_checkpoint_write_seconds")
+              .Help("Background time to write one cut: serialize, SHA-256, fsync, rename")
+              .Register(*registry_)),
+      checkpoint_bytes_(BuildCounter()
+                            .Name("pipemare_stage_checkpoint_bytes_total")
+                            .Help("Bytes of checkpoint files written")
+                            .Register(*registry_)),
       in_flight_(BuildGauge()
                      .Name("pipemare_stage_microbatches_in_flight")
                      .Help("Forwards whose backward has not run yet")
@@ -148,6 +163,9 @@ StageMetrics::StageMetrics(WorkerMetrics* owner, const Labels& l) : owner_(owner
   received_activation_bytes = &w.received_.Add(With(l, "kind", "activation"));
   received_gradient_bytes = &w.received_.Add(With(l, "kind", "gradient"));
   received_targets_bytes = &w.received_.Add(With(l, "kind", "targets"));
+  checkpoint_snapshot_seconds = &w.checkpoint_snapshot_seconds_.Add(l, DurationBuckets());
+  checkpoint_write_seconds = &w.checkpoint_write_seconds_.Add(l, DurationBuckets());
+  checkpoint_bytes = &w.checkpoint_bytes_.Add(l);
   in_flight_ = &w.in_flight_.Add(l);
   delay_ = &w.delay_.Add(l);
   analytic_delay_ = &w.analytic_delay_.Add(l);
@@ -174,6 +192,9 @@ StageMetrics::~StageMetrics() {
   w.received_.Remove(received_activation_bytes);
   w.received_.Remove(received_gradient_bytes);
   w.received_.Remove(received_targets_bytes);
+  w.checkpoint_snapshot_seconds_.Remove(checkpoint_snapshot_seconds);
+  w.checkpoint_write_seconds_.Remove(checkpoint_write_seconds);
+  w.checkpoint_bytes_.Remove(checkpoint_bytes);
   w.in_flight_.Remove(in_flight_);
   w.delay_.Remove(delay_);
   w.analytic_delay_.Remove(analytic_delay_);

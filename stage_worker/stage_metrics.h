@@ -44,6 +44,11 @@ class StageMetrics {
   prometheus::Counter* received_activation_bytes;
   prometheus::Counter* received_gradient_bytes;
   prometheus::Counter* received_targets_bytes;
+  // Checkpoint cuts: the copy to host memory on the compute thread (what a
+  // cut costs training), the background write, and the bytes written.
+  prometheus::Histogram* checkpoint_snapshot_seconds;
+  prometheus::Histogram* checkpoint_write_seconds;
+  prometheus::Counter* checkpoint_bytes;
 
   // Sets the gauges that mirror the runtime's stats.
   void Update(const StageStats& stats);
@@ -90,6 +95,9 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Family<prometheus::Counter>& sent_;
   prometheus::Family<prometheus::Counter>& received_;
+  prometheus::Family<prometheus::Histogram>& checkpoint_snapshot_seconds_;
+  prometheus::Family<prometheus::Histogram>& checkpoint_write_seconds_;
+  prometheus::Family<prometheus::Counter>& checkpoint_bytes_;
   prometheus::Family<prometheus::Gauge>& in_flight_;
   prometheus::Family<prometheus::Gauge>& delay_;
   prometheus::Family<prometheus::Gauge>& analytic_delay_;

@@ -240,5 +240,29 @@ TEST(Checkpoint, AJobWithoutACheckpointCannotBeExported) {
   EXPECT_NE(unknown.exit_code, 0);
 }
 
+TEST(Checkpoint, AStageThatCannotWriteItsCutFailsTheJobNamingTheDirectory) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok());
+  // checkpoint.dir under a regular file: every stage's write fails.
+  const std::string blocker = cluster.dir() + "/not-a-directory";
+  FILE* f = fopen(blocker.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fclose(f);
+  const std::string spec = cluster.WriteSpec(
+      "ckpt-unwritable",
+      absl::StrCat(ShortSpec("ckpt-unwritable", "pipemare", 2, 6400),
+                   "checkpoint: {every_steps: 20, dir: ", blocker, "/checkpoints}\n"));
+  const std::string id = cluster.Submit(spec);
+  ASSERT_FALSE(id.empty());
+  const v1::JobStatus job = cluster.WaitForEnd(id, 120);
+  EXPECT_EQ(job.state(), v1::FAILED) << cluster.Logs();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "could not write its checkpoint")) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "checkpoint.dir")) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), blocker)) << job.reason();
+  EXPECT_EQ(job.restarts_size(), 0) << "a write error is not a lost worker";
+  // The workers are free again.
+  EXPECT_TRUE(WaitFor(30, [&] { return cluster.CountWorkers(v1::IDLE) == 2; })) << cluster.Logs();
+}
+
 }  // namespace
 }  // namespace pipemare::testing
