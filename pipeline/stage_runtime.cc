@@ -615,6 +615,11 @@ StageSnapshot StageRuntime::Snapshot() const {
     }
     snapshot.units.push_back(std::move(unit));
   }
+  // The generator dropout draws from, in every unit: a stage restored from
+  // any partition takes its first unit's (a few KB each).
+  if (const torch::Tensor rng = RngState(); rng.defined()) {
+    for (auto& unit : snapshot.units) unit.tensors.emplace_back("rng/state", rng.clone());
+  }
   return snapshot;
 }
 
@@ -696,6 +701,18 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
     });
     if (!st.ok()) return absl::DataLossError(st.message());
     ++u;
+  }
+  // Dropout's generator as it was at the cut (absent in older checkpoints:
+  // the generator stays seeded as created).
+  if (auto first = by_unit.find(first_unit_); first != by_unit.end() && !virtual_.enabled) {
+    for (const auto& [key, tensor] : first->second->tensors) {
+      if (key != "rng/state") continue;
+      absl::Status st = Guard("restore", [&] { SetRngState(tensor); });
+      if (!st.ok()) {
+        return absl::DataLossError(
+            absl::StrCat("restore: unit ", first_unit_, " rng/state: ", st.message()));
+      }
+    }
   }
   if (t2_enabled_) {
     double sq = 0;
