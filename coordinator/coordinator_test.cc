@@ -91,6 +91,41 @@ TEST(WorkerRegistryTest, AnUnreachableWorkerGetsNoStage) {
   EXPECT_EQ(registry.Heartbeat(*b).code(), absl::StatusCode::kNotFound);
 }
 
+TEST(WorkerRegistryTest, ARestartedCoordinatorListsTheWorkersItKnewAndGivesThemTheirIds) {
+  std::string dir = (std::filesystem::temp_directory_path() / "pipemare-workers-XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  std::string a, b;
+  {
+    auto store = JobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    WorkerRegistry registry(std::chrono::seconds(5));
+    EXPECT_EQ(registry.PersistIn(store->get()), 0);
+    a = *registry.Register(Worker("10.0.0.2:7071", "aaaa"));
+    b = *registry.Register(Worker("10.0.0.3:7071", "bbbb"));
+    // A restarted worker (new instance) at b's address replaces b once b
+    // is lost: b's row goes, the new worker's comes.
+    registry.MarkUnreachable(b);
+    b = *registry.Register(Worker("10.0.0.3:7071", "cccc"));
+  }  // the coordinator dies
+  auto store = JobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  WorkerRegistry registry(std::chrono::seconds(5));
+  EXPECT_EQ(registry.PersistIn(store->get()), 2);
+  auto listed = registry.List();
+  ASSERT_EQ(listed.size(), 2u);
+  for (const auto& w : listed) EXPECT_EQ(w.state(), v1::LOST) << w.id();
+  EXPECT_EQ(listed[0].address(), "10.0.0.2:7071");
+  EXPECT_EQ(registry.IdleCount(), 0) << "known, but none is acquired before it registers";
+  // Each comes back under its id; a newcomer's id follows theirs.
+  EXPECT_EQ(*registry.Register(Worker("10.0.0.3:7071", "cccc")), b);
+  EXPECT_EQ(*registry.Register(Worker("10.0.0.2:7071", "aaaa")), a);
+  const std::string fresh = *registry.Register(Worker("10.0.0.4:7071", "dddd"));
+  EXPECT_NE(fresh, a);
+  EXPECT_NE(fresh, b);
+  EXPECT_EQ(registry.IdleCount(), 3);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(JobStoreTest, TheLifecycleTableAllowsResumeButNothingAfterSuccess) {
   JobStore store;
   v1::JobSpec spec;

@@ -49,7 +49,7 @@ bool CanMove(v1::JobState from, v1::JobState to) {
 }
 
 namespace {
-std::string ToJson(const v1::JobStatus& status) {
+std::string ToJson(const google::protobuf::Message& status) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
@@ -110,7 +110,9 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& stat
   // every commit, so a state change that returned survives a power cut.
   for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
                           "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, number "
-                          "INTEGER NOT NULL, state TEXT NOT NULL, status TEXT NOT NULL)"}) {
+                          "INTEGER NOT NULL, state TEXT NOT NULL, status TEXT NOT NULL)",
+                          "CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, instance "
+                          "TEXT NOT NULL, info TEXT NOT NULL)"}) {
     if (auto st = Exec(store->db_, sql,
                        absl::StrCat(path,
                                     " is not a Pipemare state database (or is damaged; "
@@ -188,6 +190,62 @@ void JobStore::Persist(const v1::JobStatus& status) {
     LogError(ForJob(status.id()), absl::StrCat("cannot write the job to ", db_path_, ": ",
                                                sqlite3_errmsg(db_), "; it goes on in memory only"));
   }
+}
+
+void JobStore::SaveWorker(const v1::WorkerInfo& info, const std::string& instance_id, bool forget) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (db_ == nullptr) return;
+  sqlite3_stmt* stmt = nullptr;
+  int rc = sqlite3_prepare_v2(db_,
+                              forget ? "DELETE FROM workers WHERE id = ?1"
+                                     : "INSERT INTO workers (id, instance, info) VALUES (?1, ?2, "
+                                       "?3) ON CONFLICT(id) DO UPDATE SET instance = ?2, info = ?3",
+                              -1, &stmt, nullptr);
+  if (rc == SQLITE_OK) {
+    v1::WorkerInfo saved = info;
+    saved.clear_state();  // what it is now is the registry's, not the database's
+    saved.clear_job_id();
+    saved.clear_last_heartbeat_unix_ms();
+    const std::string json = ToJson(saved);
+    sqlite3_bind_text(stmt, 1, info.id().c_str(), -1, SQLITE_TRANSIENT);
+    if (!forget) {
+      sqlite3_bind_text(stmt, 2, instance_id.c_str(), -1, SQLITE_TRANSIENT);
+      sqlite3_bind_text(stmt, 3, json.data(), static_cast<int>(json.size()), SQLITE_TRANSIENT);
+    }
+    rc = sqlite3_step(stmt);
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) {
+    LogError(absl::StrCat("cannot write worker ", info.id(), " to ", db_path_, ": ",
+                          sqlite3_errmsg(db_), "; it is known in memory only"));
+  }
+}
+
+std::vector<std::pair<v1::WorkerInfo, std::string>> JobStore::Workers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<v1::WorkerInfo, std::string>> workers;
+  if (db_ == nullptr) return workers;
+  sqlite3_stmt* select = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT id, instance, info FROM workers", -1, &select, nullptr) !=
+      SQLITE_OK) {
+    LogError(absl::StrCat(db_path_, ": cannot read workers: ", sqlite3_errmsg(db_)));
+    return workers;
+  }
+  while (sqlite3_step(select) == SQLITE_ROW) {
+    const char* id = reinterpret_cast<const char*>(sqlite3_column_text(select, 0));
+    const char* instance = reinterpret_cast<const char*>(sqlite3_column_text(select, 1));
+    const char* json = reinterpret_cast<const char*>(sqlite3_column_text(select, 2));
+    v1::WorkerInfo info;
+    if (id == nullptr || json == nullptr ||
+        !google::protobuf::util::JsonStringToMessage(json, &info).ok() || info.id() != id) {
+      LogWarning(
+          absl::StrCat("ignoring the unreadable row of worker ", id ? id : "?", " in ", db_path_));
+      continue;
+    }
+    workers.emplace_back(std::move(info), instance ? instance : "");
+  }
+  sqlite3_finalize(select);
+  return workers;
 }
 
 v1::JobStatus JobStore::Create(const v1::JobSpec& spec) {

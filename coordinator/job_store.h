@@ -69,6 +69,12 @@ class JobStore {
   absl::StatusOr<v1::JobStatus> WaitForChange(const std::string& id, uint64_t* version,
                                               std::chrono::milliseconds timeout) const;
 
+  // The worker registry's durable part (WorkerRegistry::Persist/Restore):
+  // one row per worker id in the same database, written in one transaction.
+  // A memory-only store keeps and returns nothing.
+  void SaveWorker(const v1::WorkerInfo& info, const std::string& instance_id, bool forget);
+  std::vector<std::pair<v1::WorkerInfo, std::string>> Workers() const;
+
  private:
   struct Entry {
     v1::JobStatus status;

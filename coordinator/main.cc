@@ -75,6 +75,12 @@ int main(int argc, char** argv) {
   }
   pipemare::WorkerRegistry registry(
       std::chrono::milliseconds(static_cast<int64_t>(worker_timeout * 1000)));
+  // Workers a previous coordinator knew: listed LOST until they register
+  // again, which gives each its id back.
+  if (const int known = registry.PersistIn(store.get()); known > 0) {
+    pipemare::LogInfo(
+        absl::StrCat("worker registry: ", known, " worker(s) known from the state database"));
+  }
   pipemare::RunnerOptions options;
   options.stall_timeout_seconds = stall_timeout;
   options.drain_timeout_seconds = drain_timeout;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/job_store.h"
 
 namespace pipemare {
 namespace {
@@ -39,6 +41,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
             "a hostname); start each worker with --advertise HOST:PORT naming its own IP or DNS "
             "name"));
       }
+      if (store_ != nullptr) store_->SaveWorker(e.info, e.instance_id, /*forget=*/true);
       it = workers_.erase(it);  // a restarted worker, or one without an instance id
     } else {
       ++it;
@@ -58,7 +61,33 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   e.info.set_stage(-1);
   e.info.set_last_heartbeat_unix_ms(UnixMs());
   e.last_heartbeat = Clock::now();
+  if (store_ != nullptr) store_->SaveWorker(e.info, e.instance_id, /*forget=*/false);
   return id;
+}
+
+int WorkerRegistry::PersistIn(JobStore* store) {
+  const auto saved = store->Workers();
+  std::lock_guard<std::mutex> lock(mu_);
+  int known = 0;
+  for (const auto& [info, instance] : saved) {
+    int64_t number = 0;
+    if (info.id().rfind("w-", 0) != 0 || !absl::SimpleAtoi(info.id().substr(2), &number) ||
+        number < 1 || workers_.count(info.id())) {
+      continue;
+    }
+    Entry& e = workers_[info.id()];
+    e.info = info;
+    e.info.set_state(v1::LOST);
+    e.info.clear_job_id();
+    e.info.set_stage(-1);
+    e.instance_id = instance;
+    e.order = number;
+    e.last_heartbeat = Clock::now();
+    next_id_ = std::max(next_id_, number + 1);
+    ++known;
+  }
+  store_ = store;
+  return known;
 }
 
 absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id,

@@ -6,11 +6,16 @@
 //   IDLE/BUSY --(no heartbeat for `timeout`)--> LOST   (a later heartbeat
 //   gets NOT_FOUND, and the worker registers anew)
 //
+// Registrations are durable when the coordinator has a state directory
+// (Persist/Restore): a restarted coordinator lists every worker it knew,
+// LOST until it registers again, and gives it back its id.
+//
 // Thread-safe.
 #ifndef PIPEMARE_COORDINATOR_WORKER_REGISTRY_H_
 #define PIPEMARE_COORDINATOR_WORKER_REGISTRY_H_
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -21,6 +26,8 @@
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
+
+class JobStore;
 
 class WorkerRegistry {
  public:
@@ -54,6 +61,14 @@ class WorkerRegistry {
   absl::StatusOr<v1::WorkerInfo> MarkLeaving(const std::string& worker_id,
                                              const std::string& instance_id);
   bool IsLost(const std::string& worker_id) const;
+
+  // Makes registrations durable in `store`'s database (a coordinator with
+  // a --state-dir): the workers a previous coordinator knew come back LOST,
+  // each gets its id back when it registers again with its instance id, and
+  // new ids come after theirs. From then on every registration is written
+  // (and an entry a restarted worker replaced is deleted). Returns how many
+  // workers it knew.
+  int PersistIn(JobStore* store);
   // Marks a worker LOST now (it refused a connection): it gets no new stage
   // until it heartbeats again and registers anew.
   void MarkUnreachable(const std::string& worker_id);
@@ -75,6 +90,7 @@ class WorkerRegistry {
   int64_t heartbeat_misses_ = 0;          // GUARDED_BY(mu_)
   int64_t unreachable_ = 0;               // GUARDED_BY(mu_)
   int64_t next_id_ = 1;
+  JobStore* store_ = nullptr;  // PersistIn's; written under mu_
 };
 
 }  // namespace pipemare

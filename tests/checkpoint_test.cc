@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -171,12 +172,22 @@ TEST(Checkpoint, AKilledCoordinatorsRunningJobContinuesFromItsCheckpointAfterARe
   ASSERT_FALSE(id.empty());
   ASSERT_TRUE(WaitFor(120, [&] { return cluster.Status(id).checkpoint().step() >= 100; }))
       << cluster.Logs();
+  auto ids_of = [&] {
+    std::set<std::string> ids;
+    const v1::ListWorkersResponse workers = cluster.Workers();
+    for (const auto& w : workers.workers()) ids.insert(w.id());
+    return ids;
+  };
+  const std::set<std::string> ids = ids_of();
+  ASSERT_EQ(ids.size(), 2u);
   cluster.coordinator().Signal(SIGKILL);
   cluster.coordinator().Wait(10);
   cluster.StartCoordinator();
   ASSERT_FALSE(cluster.address().empty());
-  // Every job submitted before the kill is still listed, with its state.
+  // Every job submitted before the kill is still listed, with its state,
+  // and every worker it knew, under the same id (LOST until it registers).
   EXPECT_EQ(cluster.Status(first).state(), v1::SUCCEEDED);
+  EXPECT_EQ(ids_of(), ids);
   v1::JobStatus job = cluster.WaitForEnd(id, 300);
   EXPECT_EQ(job.state(), v1::SUCCEEDED) << cluster.Logs();
   EXPECT_EQ(job.resumes(), 1);
@@ -184,6 +195,8 @@ TEST(Checkpoint, AKilledCoordinatorsRunningJobContinuesFromItsCheckpointAfterARe
   EXPECT_EQ(job.progress().step(), job.progress().total_steps());
   EXPECT_EQ(job.epochs_size(), 5);
   EXPECT_GE(job.metrics().test_accuracy(), 0.9);
+  // The workers came back under their ids.
+  EXPECT_EQ(ids_of(), ids);
 }
 
 TEST(Checkpoint, KillingWorkersWhileTheyWriteNeverLeavesABadLatest) {
