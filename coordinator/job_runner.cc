@@ -52,6 +52,25 @@ class JobRunner::Impl {
   absl::Status Run();
 
  private:
+  // Run's steps, in order.
+  // Loads the data, checks the model, partitions it and resolves each
+  // stage's assignment (checkpoint directory, generation, input shape);
+  // refuses a plan that cannot run.
+  absl::StatusOr<std::vector<v1::StageAssignment>> PlanRun();
+  // From the run context's cut, if any: step, results and the unit files
+  // each stage restores.
+  absl::Status ApplyResume(std::vector<v1::StageAssignment>& assignments);
+  // Loads every stage and opens the coordinator's feeds.
+  absl::Status LoadRun(std::vector<v1::StageAssignment> assignments);
+  // Feeds epoch epoch_'s training microbatches from index `first_j` (a
+  // resume's data position) and waits for their backwards; drains early
+  // when asked to.
+  absl::Status TrainEpoch(int64_t first_j);
+  // Scores the test split with the epoch's final weights and records the
+  // epoch's results; ABORTED when training diverged.
+  absl::Status EvaluateEpoch();
+
+ private:
   // What the feed readers hand to the runner.
   struct FeedEvent {
     enum Kind { kDone, kResult, kError } kind;
@@ -127,6 +146,11 @@ class JobRunner::Impl {
   std::deque<FeedEvent> events_;  // GUARDED_BY(mu_)
 
   // Runner-thread state.
+  Data data_;        // the job's examples (PlanRun)
+  bool lm_ = false;  // a language model: perplexity and token accuracy
+  int64_t warmup_steps_ = 0;
+  uint64_t next_id_ = 1;  // the next microbatch id fed
+  Clock::time_point epoch_start_;
   int64_t in_flight_ = 0;     // TRAIN microbatches sent, stage-0 backward not done
   int64_t train_done_ = 0;    // stage-0 backwards completed in the whole job
   int64_t eval_pending_ = 0;  // EVAL microbatches sent, result not back
@@ -742,7 +766,48 @@ absl::StatusOr<std::vector<StageRange>> JobRunner::Impl::Partition(const ModelPl
   return ranges;
 }
 
+// The run, step by step: plan (data, model, partition, assignments), resume
+// (from the run context's cut, if any), load (every stage, then the feeds),
+// then per epoch train and evaluate, and the final cut. Checkpoints are
+// committed beside the feed (the committer thread); a drain ends the
+// training loop early; a failure anywhere releases the stages.
 absl::Status JobRunner::Impl::Run() {
+  auto assignments = PlanRun();
+  if (!assignments.ok()) return assignments.status();
+  if (auto st = ApplyResume(*assignments); !st.ok()) return st;
+  absl::Status st = LoadRun(std::move(*assignments));
+  if (!st.ok()) {
+    CloseFeeds();
+    ReleaseStages();
+    return st;
+  }
+  Publish(true);
+  StartCommitter();
+  const Manifest* resume = r_.context_->resume;
+  const int N = spec_.schedule().microbatches_per_step();
+  const int64_t first_epoch = resume != nullptr ? resume->step / steps_per_epoch_ + 1 : 1;
+  for (epoch_ = first_epoch; epoch_ <= spec_.train().epochs() && st.ok(); ++epoch_) {
+    // The first epoch after a resume starts at the cut's data position.
+    const int64_t first_j =
+        resume != nullptr && epoch_ == first_epoch ? (resume->step % steps_per_epoch_) * N : 0;
+    st = TrainEpoch(first_j);
+    if (st.ok()) st = EvaluateEpoch();
+  }
+  epoch_ = std::min(epoch_, spec_.train().epochs());
+  StopCommitter();
+  // The trained model: the cut after the last step, committed before the
+  // stages are released.
+  if (st.ok()) {
+    st = CommitCheckpointAt(total_steps_, r_.options_.final_checkpoint_timeout_seconds,
+                            "the final checkpoint");
+  }
+  Publish(true);
+  CloseFeeds();
+  ReleaseStages();
+  return st;
+}
+
+absl::StatusOr<std::vector<v1::StageAssignment>> JobRunner::Impl::PlanRun() {
   const auto& sched = spec_.schedule();
   const int N = sched.microbatches_per_step();
   const int64_t mbs = sched.microbatch_size();
@@ -751,25 +816,24 @@ absl::Status JobRunner::Impl::Run() {
   }
   auto data = LoadData(spec_.data());
   if (!data.ok()) return absl::InvalidArgumentError(data.status().message());
+  data_ = std::move(*data);
   // Checked at submit; the files may have changed since.
-  auto plan = PlanModel(spec_, data->info);
+  auto plan = PlanModel(spec_, data_.info);
   if (!plan.ok()) return absl::InvalidArgumentError(plan.status().message());
-  const bool lm = data->info.task == Task::kLanguageModel;
+  lm_ = data_.info.task == Task::kLanguageModel;
   r_.store_
       ->Update(r_.job_id_,
-               [&](v1::JobStatus& s) { s.set_task(lm ? "language_model" : "classification"); })
+               [&](v1::JobStatus& s) { s.set_task(lm_ ? "language_model" : "classification"); })
       .IgnoreError();
   LogInfo(ForJob(r_.job_id_),
-          absl::StrCat("data: ", data->info.description,
-                       data->normalisation.empty() ? "" : "; normalised ", data->normalisation));
+          absl::StrCat("data: ", data_.info.description,
+                       data_.normalisation.empty() ? "" : "; normalised ", data_.normalisation));
   auto ranges = Partition(*plan);
   if (!ranges.ok()) return ranges.status();
-  const Examples* train = &data->train;
-  const Examples* test = &data->test;
-  steps_per_epoch_ = (train->count / mbs) / N;
+  steps_per_epoch_ = (data_.train.count / mbs) / N;
   if (steps_per_epoch_ < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data.train_limit: ", train->count, " training examples make no full step of ", N,
+        "data.train_limit: ", data_.train.count, " training examples make no full step of ", N,
         " microbatches of ", mbs, "; use more data or smaller schedule.microbatch_size"));
   }
   total_steps_ = steps_per_epoch_ * spec_.train().epochs();
@@ -790,7 +854,7 @@ absl::Status JobRunner::Impl::Run() {
   {
     std::string shape, channels;
     for (int64_t dim : plan->input.shape) absl::StrAppend(&shape, shape.empty() ? "" : ",", dim);
-    for (const auto& c : data->channels) {
+    for (const auto& c : data_.channels) {
       absl::StrAppend(&channels, channels.empty() ? "" : ",", "{\"mean\":", c.mean,
                       ",\"std\":", c.std, "}");
     }
@@ -798,65 +862,70 @@ absl::Status JobRunner::Impl::Run() {
         absl::StrCat("{\"shape\":[", shape, "],\"tokens\":", plan->input.tokens ? "true" : "false",
                      ",\"normalisation\":[", channels, "]}");
   }
-  const Manifest* resume = r_.context_->resume;
-  if (resume == nullptr) {
-    // A first run, or one run again from its first step: no old results.
-    r_.store_->Update(r_.job_id_, [](v1::JobStatus& s) { s.clear_epochs(); }).IgnoreError();
-  }
-  if (resume != nullptr) {
-    if (resume->step >= total_steps_ || resume->step < 0) {
-      return absl::FailedPreconditionError(absl::StrCat("the checkpoint at step ", resume->step,
-                                                        " is not inside this job's ", total_steps_,
-                                                        " steps"));
-    }
-    committed_step_ = resume->step;
-    train_done_ = resume->step * N;
-    steps_done_ = resume->step;
-    LogInfo(ForJob(r_.job_id_),
-            absl::StrCat("resuming from the checkpoint at step ", resume->step, " (microbatch ",
-                         resume->microbatch, ", epoch ", resume->epoch, ", example ",
-                         resume->index_in_epoch, " of its order)"));
-    r_.store_
-        ->Update(r_.job_id_,
-                 [&](v1::JobStatus& s) {
-                   s.set_resumed_from_step(resume->step);
-                   committed_ = s.checkpoint().committed();
-                   // Results after the cut are trained again.
-                   auto* epochs = s.mutable_epochs();
-                   while (!epochs->empty() && epochs->rbegin()->epoch() >= resume->epoch) {
-                     epochs->RemoveLast();
-                   }
-                 })
-        .IgnoreError();
-  }
   for (auto& a : *assignments) {
     a.set_checkpoint_dir(checkpoint_dir_);
     a.set_generation(r_.context_->generation);
-    if (resume != nullptr) {
-      a.set_start_step(resume->step);
-      for (const auto& f : resume->files) {
-        if (f.unit < a.first_unit() || f.unit >= a.first_unit() + a.units()) continue;
-        auto* file = a.add_restore();
-        file->set_unit(f.unit);
-        file->set_path(f.path);
-        file->set_bytes(f.bytes);
-        file->set_sha256(f.sha256);
-      }
-    }
     for (int64_t dim : plan->units[a.first_unit()].in.shape) a.add_input_shape(dim);
     a.set_token_input(plan->units[a.first_unit()].in.tokens);
     a.set_torchscript(plan->torchscript);
   }
   // T3: synchronous for the first W steps (asynchronous schedules only).
-  const int64_t warmup_steps = assignments->front().warmup_steps();
+  warmup_steps_ = assignments->front().warmup_steps();
   // The schedule as data: refuse a plan that cannot run before any stage loads.
-  {
-    PlanOptions plan{sched.type(), P_, N, steps_per_epoch_, 0, warmup_steps};
-    auto built = BuildPlan(plan);
-    absl::Status valid = built.ok() ? ValidatePlan(*built) : built.status();
-    if (!valid.ok()) return valid;
+  PlanOptions options{sched.type(), P_, N, steps_per_epoch_, 0, warmup_steps_};
+  auto built = BuildPlan(options);
+  absl::Status valid = built.ok() ? ValidatePlan(*built) : built.status();
+  if (!valid.ok()) return valid;
+  return assignments;
+}
+
+absl::Status JobRunner::Impl::ApplyResume(std::vector<v1::StageAssignment>& assignments) {
+  const Manifest* resume = r_.context_->resume;
+  if (resume == nullptr) {
+    // A first run, or one run again from its first step: no old results.
+    r_.store_->Update(r_.job_id_, [](v1::JobStatus& s) { s.clear_epochs(); }).IgnoreError();
+    return absl::OkStatus();
   }
-  absl::Status st = LoadStages(std::move(*assignments));
+  if (resume->step >= total_steps_ || resume->step < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("the checkpoint at step ", resume->step,
+                                                      " is not inside this job's ", total_steps_,
+                                                      " steps"));
+  }
+  committed_step_ = resume->step;
+  train_done_ = resume->step * spec_.schedule().microbatches_per_step();
+  steps_done_ = resume->step;
+  LogInfo(ForJob(r_.job_id_),
+          absl::StrCat("resuming from the checkpoint at step ", resume->step, " (microbatch ",
+                       resume->microbatch, ", epoch ", resume->epoch, ", example ",
+                       resume->index_in_epoch, " of its order)"));
+  r_.store_
+      ->Update(r_.job_id_,
+               [&](v1::JobStatus& s) {
+                 s.set_resumed_from_step(resume->step);
+                 committed_ = s.checkpoint().committed();
+                 // Results after the cut are trained again.
+                 auto* epochs = s.mutable_epochs();
+                 while (!epochs->empty() && epochs->rbegin()->epoch() >= resume->epoch) {
+                   epochs->RemoveLast();
+                 }
+               })
+      .IgnoreError();
+  for (auto& a : assignments) {
+    a.set_start_step(resume->step);
+    for (const auto& f : resume->files) {
+      if (f.unit < a.first_unit() || f.unit >= a.first_unit() + a.units()) continue;
+      auto* file = a.add_restore();
+      file->set_unit(f.unit);
+      file->set_path(f.path);
+      file->set_bytes(f.bytes);
+      file->set_sha256(f.sha256);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Impl::LoadRun(std::vector<v1::StageAssignment> assignments) {
+  absl::Status st = LoadStages(std::move(assignments));
   if (st.ok() && r_.context_->recovering_since != Clock::time_point()) {
     const int from_memory = r_.context_->restored_from_memory;
     r_.store_
@@ -870,112 +939,100 @@ absl::Status JobRunner::Impl::Run() {
   }
   if (st.ok()) st = OpenFeed(target_feed_, P_ - 1, v1::StreamOpen::TARGET_FEED);
   if (st.ok()) st = OpenFeed(input_feed_, 0, v1::StreamOpen::INPUT_FEED);
-  if (!st.ok()) {
-    CloseFeeds();
-    ReleaseStages();
-    return st;
-  }
-  const bool gpipe = sched.type() == "gpipe";
-  const int64_t eval_mbs = EvalMicrobatchSize(mbs);
-  uint64_t next_id = 1;
-  Publish(true);
-  StartCommitter();
-  const int64_t first_epoch = resume != nullptr ? resume->step / steps_per_epoch_ + 1 : 1;
-  for (epoch_ = first_epoch; epoch_ <= spec_.train().epochs() && st.ok(); ++epoch_) {
-    const std::vector<int64_t> order = EpochOrder(train->count, spec_.train(), epoch_);
-    // The first epoch after a resume starts at the cut's data position.
-    const int64_t first_j =
-        resume != nullptr && epoch_ == first_epoch ? (resume->step % steps_per_epoch_) * N : 0;
-    epoch_loss_ = 0;
-    epoch_loss_count_ = 0;
-    epoch_train_start_ = Clock::now();
-    const auto epoch_start = epoch_train_start_;
-    const int64_t microbatches = steps_per_epoch_ * N;
-    for (int64_t j = first_j; j < microbatches && st.ok(); ++j) {
-      const int64_t step = (epoch_ - 1) * steps_per_epoch_ + j / N;
-      const bool sync = gpipe || step < warmup_steps;
-      if (!gpipe && warmup_steps > 0 && step == warmup_steps && j % N == 0) {
-        LogInfo(ForJob(r_.job_id_),
-                absl::StrCat("synchronous warm-up done after ", warmup_steps,
-                             " steps; switching to asynchronous ", sched.type()));
-      }
-      if (drain_step_ == 0 && r_.context_->drain != nullptr && r_.context_->drain->requested()) {
-        st = StartDrain();
-        if (!st.ok()) break;
-      }
-      if (drain_step_ > 0 && train_done_ >= drain_step_ * N) {
-        st = FinishDrain();
-        break;
-      }
-      const int64_t window = InFlightWindow(sync, P_, N);
-      st = WaitUntil([&] { return in_flight_ < window; });
-      if (st.ok()) st = SendMicrobatch(*train, order, j * mbs, mbs, next_id++, v1::TRAIN);
-      if (st.ok()) ++in_flight_;
-    }
-    if (st.ok()) st = WaitUntil([&] { return in_flight_ == 0; });
-    train_seconds_ += std::chrono::duration<double>(Clock::now() - epoch_train_start_).count();
-    epoch_train_start_ = Clock::time_point();
-    if (!st.ok()) break;
-    // Evaluate the whole test split with the epoch's final weights.
-    eval_loss_ = 0;
-    eval_correct_ = eval_count_ = eval_predictions_ = 0;
-    for (int64_t b = 0; b < test->count && st.ok(); b += eval_mbs) {
-      st = WaitUntil([&] { return eval_pending_ < P_ + 1; });
-      if (st.ok()) {
-        st = SendMicrobatch(*test, {}, b, std::min(eval_mbs, test->count - b), next_id++, v1::EVAL);
-      }
-      if (st.ok()) ++eval_pending_;
-    }
-    if (st.ok()) st = WaitUntil([&] { return eval_pending_ == 0; });
-    if (!st.ok()) break;
-    PollStages();
-    // Accuracy over predictions: examples, or next tokens for a language model.
-    const double accuracy =
-        eval_predictions_ ? static_cast<double>(eval_correct_) / eval_predictions_ : 0;
-    const double test_loss = eval_predictions_ ? eval_loss_ / eval_predictions_ : 0;
-    const double perplexity = lm ? std::exp(test_loss) : 0;
-    const double epoch_train_loss = epoch_loss_count_ ? epoch_loss_ / epoch_loss_count_ : 0;
-    const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-    r_.store_
-        ->Update(r_.job_id_,
-                 [&](v1::JobStatus& s) {
-                   auto* e = s.add_epochs();
-                   e->set_epoch(epoch_);
-                   e->set_train_loss(epoch_train_loss);
-                   e->set_test_loss(test_loss);
-                   e->set_test_accuracy(accuracy);
-                   e->set_seconds(seconds);
-                   s.mutable_metrics()->set_test_accuracy(accuracy);
-                   s.mutable_metrics()->set_test_loss(test_loss);
-                   if (lm) {
-                     e->set_test_perplexity(perplexity);
-                     s.mutable_metrics()->set_test_perplexity(perplexity);
-                   }
-                 })
-        .IgnoreError();
-    LogInfo(ForJob(r_.job_id_),
-            absl::StrCat("epoch ", epoch_, ": train loss ", epoch_train_loss, ", test loss ",
-                         test_loss, lm ? ", test token accuracy " : ", test accuracy ", accuracy,
-                         lm ? absl::StrCat(", test perplexity ", perplexity) : "", " (", seconds,
-                         " s)"));
-    if (!std::isfinite(epoch_train_loss)) {
-      st =
-          absl::AbortedError(absl::StrCat("training diverged in epoch ", epoch_,
-                                          " (loss is not finite); lower optimizer.lr or "
-                                          "optimizer.momentum, or raise schedule.lr_anneal_steps"));
-    }
-  }
-  epoch_ = std::min(epoch_, spec_.train().epochs());
-  StopCommitter();
-  // The trained model: the cut after the last step, committed before the
-  // stages are released.
-  if (st.ok())
-    st = CommitCheckpointAt(total_steps_, r_.options_.final_checkpoint_timeout_seconds,
-                            "the final checkpoint");
-  Publish(true);
-  CloseFeeds();
-  ReleaseStages();
   return st;
+}
+
+absl::Status JobRunner::Impl::TrainEpoch(int64_t first_j) {
+  const auto& sched = spec_.schedule();
+  const int N = sched.microbatches_per_step();
+  const int64_t mbs = sched.microbatch_size();
+  const bool gpipe = sched.type() == "gpipe";
+  const std::vector<int64_t> order = EpochOrder(data_.train.count, spec_.train(), epoch_);
+  epoch_loss_ = 0;
+  epoch_loss_count_ = 0;
+  epoch_train_start_ = Clock::now();
+  epoch_start_ = epoch_train_start_;
+  const int64_t microbatches = steps_per_epoch_ * N;
+  absl::Status st;
+  for (int64_t j = first_j; j < microbatches && st.ok(); ++j) {
+    const int64_t step = (epoch_ - 1) * steps_per_epoch_ + j / N;
+    const bool sync = gpipe || step < warmup_steps_;
+    if (!gpipe && warmup_steps_ > 0 && step == warmup_steps_ && j % N == 0) {
+      LogInfo(ForJob(r_.job_id_), absl::StrCat("synchronous warm-up done after ", warmup_steps_,
+                                               " steps; switching to asynchronous ", sched.type()));
+    }
+    if (drain_step_ == 0 && r_.context_->drain != nullptr && r_.context_->drain->requested()) {
+      st = StartDrain();
+      if (!st.ok()) break;
+    }
+    if (drain_step_ > 0 && train_done_ >= drain_step_ * N) {
+      st = FinishDrain();
+      break;
+    }
+    const int64_t window = InFlightWindow(sync, P_, N);
+    st = WaitUntil([&] { return in_flight_ < window; });
+    if (st.ok()) st = SendMicrobatch(data_.train, order, j * mbs, mbs, next_id_++, v1::TRAIN);
+    if (st.ok()) ++in_flight_;
+  }
+  if (st.ok()) st = WaitUntil([&] { return in_flight_ == 0; });
+  train_seconds_ += std::chrono::duration<double>(Clock::now() - epoch_train_start_).count();
+  epoch_train_start_ = Clock::time_point();
+  return st;
+}
+
+absl::Status JobRunner::Impl::EvaluateEpoch() {
+  // The whole test split with the epoch's final weights.
+  const Examples& test = data_.test;
+  const int64_t eval_mbs = EvalMicrobatchSize(spec_.schedule().microbatch_size());
+  eval_loss_ = 0;
+  eval_correct_ = eval_count_ = eval_predictions_ = 0;
+  absl::Status st;
+  for (int64_t b = 0; b < test.count && st.ok(); b += eval_mbs) {
+    st = WaitUntil([&] { return eval_pending_ < P_ + 1; });
+    if (st.ok()) {
+      st = SendMicrobatch(test, {}, b, std::min(eval_mbs, test.count - b), next_id_++, v1::EVAL);
+    }
+    if (st.ok()) ++eval_pending_;
+  }
+  if (st.ok()) st = WaitUntil([&] { return eval_pending_ == 0; });
+  if (!st.ok()) return st;
+  PollStages();
+  // Accuracy over predictions: examples, or next tokens for a language model.
+  const double accuracy =
+      eval_predictions_ ? static_cast<double>(eval_correct_) / eval_predictions_ : 0;
+  const double test_loss = eval_predictions_ ? eval_loss_ / eval_predictions_ : 0;
+  const double perplexity = lm_ ? std::exp(test_loss) : 0;
+  const double epoch_train_loss = epoch_loss_count_ ? epoch_loss_ / epoch_loss_count_ : 0;
+  const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start_).count();
+  r_.store_
+      ->Update(r_.job_id_,
+               [&](v1::JobStatus& s) {
+                 auto* e = s.add_epochs();
+                 e->set_epoch(epoch_);
+                 e->set_train_loss(epoch_train_loss);
+                 e->set_test_loss(test_loss);
+                 e->set_test_accuracy(accuracy);
+                 e->set_seconds(seconds);
+                 s.mutable_metrics()->set_test_accuracy(accuracy);
+                 s.mutable_metrics()->set_test_loss(test_loss);
+                 if (lm_) {
+                   e->set_test_perplexity(perplexity);
+                   s.mutable_metrics()->set_test_perplexity(perplexity);
+                 }
+               })
+      .IgnoreError();
+  LogInfo(ForJob(r_.job_id_),
+          absl::StrCat("epoch ", epoch_, ": train loss ", epoch_train_loss, ", test loss ",
+                       test_loss, lm_ ? ", test token accuracy " : ", test accuracy ", accuracy,
+                       lm_ ? absl::StrCat(", test perplexity ", perplexity) : "", " (", seconds,
+                       " s)"));
+  if (!std::isfinite(epoch_train_loss)) {
+    return absl::AbortedError(
+        absl::StrCat("training diverged in epoch ", epoch_,
+                     " (loss is not finite); lower optimizer.lr or "
+                     "optimizer.momentum, or raise schedule.lr_anneal_steps"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pipemare
