@@ -90,17 +90,26 @@ int WorkerRegistry::PersistIn(JobStore* store) {
   return known;
 }
 
-absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id,
-                                       const std::string& instance_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+WorkerRegistry::Entry* WorkerRegistry::FindLive(const std::string& worker_id,
+                                                const std::string& instance_id) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.info.state() == v1::LOST ||
       (!instance_id.empty() && it->second.instance_id != instance_id)) {
+    return nullptr;
+  }
+  return &it->second;
+}
+
+absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id,
+                                       const std::string& instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry* e = FindLive(worker_id, instance_id);
+  if (e == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("worker_id: '", worker_id, "' is not registered; register again"));
   }
-  it->second.last_heartbeat = Clock::now();
-  it->second.info.set_last_heartbeat_unix_ms(UnixMs());
+  e->last_heartbeat = Clock::now();
+  e->info.set_last_heartbeat_unix_ms(UnixMs());
   return absl::OkStatus();
 }
 
@@ -178,15 +187,14 @@ void WorkerRegistry::Release(const std::string& job_id) {
 absl::StatusOr<v1::WorkerInfo> WorkerRegistry::MarkLeaving(const std::string& worker_id,
                                                            const std::string& instance_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.info.state() == v1::LOST ||
-      (!instance_id.empty() && it->second.instance_id != instance_id)) {
+  Entry* e = FindLive(worker_id, instance_id);
+  if (e == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("worker_id: '", worker_id, "' is not a live registered worker"));
   }
-  it->second.leaving = true;
-  if (it->second.info.state() == v1::IDLE) it->second.info.set_state(v1::LOST);
-  return it->second.info;
+  e->leaving = true;
+  if (e->info.state() == v1::IDLE) e->info.set_state(v1::LOST);
+  return e->info;
 }
 
 bool WorkerRegistry::IsLost(const std::string& worker_id) const {

@@ -84,6 +84,10 @@ class WorkerRegistry {
     int64_t order = 0;
     bool leaving = false;  // MarkLeaving
   };
+  // The entry of a registered, not LOST worker (of that instance, unless
+  // `instance_id` is empty), or null. REQUIRES: mu_ held.
+  Entry* FindLive(const std::string& worker_id, const std::string& instance_id);
+
   const std::chrono::milliseconds timeout_;
   mutable std::mutex mu_;
   std::map<std::string, Entry> workers_;  // GUARDED_BY(mu_)

@@ -186,6 +186,14 @@ int main(int argc, char** argv) {
   // Register, then heartbeat; re-register when the coordinator forgets us.
   auto stub = pipemare::v1::Coordinator::NewStub(pipemare::MakeChannel(coordinator));
   std::string worker_id;
+  auto heartbeat = [&](double deadline_seconds) {
+    pipemare::v1::HeartbeatRequest req;
+    req.set_worker_id(worker_id);
+    req.set_instance_id(instance_id);
+    pipemare::v1::HeartbeatResponse resp;
+    auto ctx = pipemare::ContextWithDeadline(deadline_seconds);
+    return stub->Heartbeat(ctx.get(), req, &resp);
+  };
   int64_t interval_ms = 1000;
   auto last_contact = std::chrono::steady_clock::now();
   bool warned = false;
@@ -219,12 +227,7 @@ int main(int argc, char** argv) {
         warned = true;
       }
     } else {
-      pipemare::v1::HeartbeatRequest req;
-      req.set_worker_id(worker_id);
-      req.set_instance_id(instance_id);
-      pipemare::v1::HeartbeatResponse resp;
-      auto ctx = pipemare::ContextWithDeadline(5);
-      grpc::Status st = stub->Heartbeat(ctx.get(), req, &resp);
+      grpc::Status st = heartbeat(5);
       if (st.ok()) {
         last_contact = std::chrono::steady_clock::now();
       } else if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
@@ -263,12 +266,7 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         if (std::chrono::steady_clock::now() - beat > std::chrono::milliseconds(interval_ms)) {
           // Still alive while draining: not LOST before the cut is taken.
-          pipemare::v1::HeartbeatRequest hb;
-          hb.set_worker_id(worker_id);
-          hb.set_instance_id(instance_id);
-          pipemare::v1::HeartbeatResponse ignored;
-          auto hb_ctx = pipemare::ContextWithDeadline(2);
-          (void)stub->Heartbeat(hb_ctx.get(), hb, &ignored);
+          (void)heartbeat(2);
           beat = std::chrono::steady_clock::now();
         }
       }

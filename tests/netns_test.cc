@@ -91,33 +91,46 @@ class Hosts {
   std::vector<std::string> namespaces_;
 };
 
+// The README's processes on separate hosts: the coordinator on host 0
+// (`--listen 0.0.0.0:7070 --state-dir DIR`, plus `coordinator_flags`), a
+// worker on each of hosts 1..workers (`--coordinator HOST:7070 --listen
+// 0.0.0.0:7071 --device cpu`), and the client on the host side of the
+// bridge, as from a laptop.
+struct HostCluster {
+  HostCluster(const Hosts& hosts, int workers, const std::string& dir,
+              std::vector<std::string> coordinator_flags = {}) {
+    std::vector<std::string> argv = {BinDir() + "/pipemare-coordinator", "--listen", "0.0.0.0:7070",
+                                     "--state-dir", dir + "/state"};
+    argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
+    coordinator = std::make_unique<Process>(hosts.In(0, argv), dir + "/coordinator.log");
+    for (int i = 1; i <= workers; ++i) {
+      this->workers.push_back(std::make_unique<Process>(
+          hosts.In(i, {BinDir() + "/pipemare-worker", "--coordinator", "10.77.0.1:7070", "--listen",
+                       "0.0.0.0:7071", "--device", "cpu", "--threads", "1"}),
+          absl::StrCat(dir, "/worker-", i, ".log")));
+    }
+  }
+  std::string Logs() const {
+    std::string all = coordinator->Log();
+    for (auto& w : workers) absl::StrAppend(&all, "\n--- worker\n", w->Log());
+    return all;
+  }
+  static CommandResult Ctl(std::vector<std::string> args, double timeout) {
+    args.insert(args.begin(), {BinDir() + "/pipemarectl", "--coordinator", "10.77.0.1:7070"});
+    return pipemare::testing::Run(args, timeout);
+  }
+  std::unique_ptr<Process> coordinator;
+  std::vector<std::unique_ptr<Process>> workers;
+};
+
 TEST(SeparateHosts, TheExampleTrainsOnHostsThatShareAHostnameWithTheReadmesFlags) {
   Hosts hosts;
   const std::string why = hosts.Make(1 + kWorkers);
   if (!why.empty()) GTEST_SKIP() << "cannot make network hosts here: " << why;
   const std::string dir = MakeTempDir();
-  // README: pipemare-coordinator --listen 0.0.0.0:7070 --state-dir DIR
-  Process coordinator(hosts.In(0, {BinDir() + "/pipemare-coordinator", "--listen", "0.0.0.0:7070",
-                                   "--state-dir", dir + "/state"}),
-                      dir + "/coordinator.log");
-  // README: pipemare-worker --coordinator HOST:7070 --listen 0.0.0.0:7071 --device cpu
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int i = 1; i <= kWorkers; ++i) {
-    workers.push_back(std::make_unique<Process>(
-        hosts.In(i, {BinDir() + "/pipemare-worker", "--coordinator", "10.77.0.1:7070", "--listen",
-                     "0.0.0.0:7071", "--device", "cpu", "--threads", "1"}),
-        absl::StrCat(dir, "/worker-", i, ".log")));
-  }
-  auto logs = [&] {
-    std::string all = coordinator.Log();
-    for (auto& w : workers) absl::StrAppend(&all, "\n--- worker\n", w->Log());
-    return all;
-  };
-  // The client on the host side of the bridge, as from a laptop.
-  auto ctl = [&](std::vector<std::string> args, double timeout) {
-    args.insert(args.begin(), {BinDir() + "/pipemarectl", "--coordinator", "10.77.0.1:7070"});
-    return pipemare::testing::Run(args, timeout);
-  };
+  HostCluster cluster(hosts, kWorkers, dir);
+  auto logs = [&] { return cluster.Logs(); };
+  const auto ctl = HostCluster::Ctl;
   ASSERT_TRUE(WaitFor(60, [&] {
     auto r = ctl({"workers"}, 10);
     int idle = 0;
@@ -140,7 +153,7 @@ TEST(SeparateHosts, TheExampleTrainsOnHostsThatShareAHostnameWithTheReadmesFlags
   EXPECT_EQ(submit.exit_code, 0) << submit.out << submit.err << logs();
   EXPECT_TRUE(absl::StrContains(submit.out, "SUCCEEDED")) << submit.out;
   // No eviction loop: each worker registered once.
-  const std::string log = coordinator.Log();
+  const std::string log = cluster.coordinator->Log();
   int registrations = 0;
   for (size_t at = log.find("registered from"); at != std::string::npos;
        at = log.find("registered from", at + 1)) {
@@ -177,25 +190,9 @@ TEST(SeparateHosts, ACutLinkCostsTheStepsSinceTheCutAndTheCutOffWorkerCommitsNot
   const std::string dir = MakeTempDir();
   // Checkpoints on a directory every host reaches (namespaces share the
   // filesystem, as a shared volume would).
-  Process coordinator(hosts.In(0, {BinDir() + "/pipemare-coordinator", "--listen", "0.0.0.0:7070",
-                                   "--state-dir", dir + "/state", "--worker-timeout", "3"}),
-                      dir + "/coordinator.log");
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int i = 1; i <= kHosts; ++i) {
-    workers.push_back(std::make_unique<Process>(
-        hosts.In(i, {BinDir() + "/pipemare-worker", "--coordinator", "10.77.0.1:7070", "--listen",
-                     "0.0.0.0:7071", "--device", "cpu", "--threads", "1"}),
-        absl::StrCat(dir, "/worker-", i, ".log")));
-  }
-  auto logs = [&] {
-    std::string all = coordinator.Log();
-    for (auto& w : workers) absl::StrAppend(&all, "\n--- worker\n", w->Log());
-    return all;
-  };
-  auto ctl = [&](std::vector<std::string> args, double timeout) {
-    args.insert(args.begin(), {BinDir() + "/pipemarectl", "--coordinator", "10.77.0.1:7070"});
-    return pipemare::testing::Run(args, timeout);
-  };
+  HostCluster cluster(hosts, kHosts, dir, {"--worker-timeout", "3"});
+  auto logs = [&] { return cluster.Logs(); };
+  const auto ctl = HostCluster::Ctl;
   auto status = [&](const std::string& id) {
     v1::JobStatus s;
     auto r = ctl({"status", id, "--output", "json"}, 20);
