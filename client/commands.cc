@@ -93,7 +93,8 @@ void PrintJobStatus(const v1::JobStatus& job, OutputFormat output) {
   }
 }
 
-int RunSubmit(const GlobalOptions& options, const std::string& file, bool wait) {
+int RunSubmit(const GlobalOptions& options, const std::string& file, bool wait,
+              const std::string& from) {
   absl::StatusOr<v1::JobSpec> spec = LoadValidSpec(file);
   if (!spec.ok()) return kExitBadInput;
 
@@ -101,6 +102,7 @@ int RunSubmit(const GlobalOptions& options, const std::string& file, bool wait) 
   auto context = ContextWithDeadline(kRpcDeadlineSeconds);
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *std::move(spec);
+  request.set_from_checkpoint(from);
   v1::SubmitJobResponse response;
   grpc::Status status = stub->SubmitJob(context.get(), request, &response);
   if (!status.ok()) return ReportRpcError(status, options.coordinator);

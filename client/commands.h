@@ -48,7 +48,9 @@ absl::StatusOr<v1::JobSpec> LoadValidSpec(const std::string& path);
 void PrintJobStatus(const v1::JobStatus& job, OutputFormat output);
 
 // The commands. Each returns the process exit code.
-int RunSubmit(const GlobalOptions& options, const std::string& file, bool wait);
+// `from`: SubmitJobRequest.from_checkpoint (empty: from the first step).
+int RunSubmit(const GlobalOptions& options, const std::string& file, bool wait,
+              const std::string& from = "");
 int RunStatus(const GlobalOptions& options, const std::string& job_id);
 int RunList(const GlobalOptions& options);
 int RunWatch(const GlobalOptions& options, const std::string& job_id);

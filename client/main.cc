@@ -41,6 +41,11 @@ int Main(int argc, char** argv) {
   CLI::App* submit = app.add_subcommand("submit", "Submit a job spec (YAML or JSON)");
   submit->add_option("FILE", file, "Job spec file")->required();
   submit->add_flag("--wait", wait, "Follow the job; exit 0 only if it SUCCEEDED");
+  std::string from;
+  submit->add_option("--from", from,
+                     "Start from another job's checkpoint: a job id (its newest checkpoint) or a "
+                     "checkpoint step directory on the coordinator's host; P, the partition and "
+                     "the schedule may differ, the model may not");
 
   CLI::App* status = app.add_subcommand("status", "Show one job in detail");
   status->add_option("JOB", job_id, "Job id")->required();
@@ -115,7 +120,7 @@ int Main(int argc, char** argv) {
   }
   options.output = output == "json" ? OutputFormat::kJson : OutputFormat::kTable;
 
-  if (*submit) return RunSubmit(options, file, wait);
+  if (*submit) return RunSubmit(options, file, wait, from);
   if (*status) return RunStatus(options, job_id);
   if (*list) return RunList(options);
   if (*watch) return RunWatch(options, job_id);

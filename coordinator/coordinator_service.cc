@@ -8,7 +8,7 @@ namespace pipemare {
 grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
                                            v1::SubmitJobResponse* resp) {
   if (!req->has_spec()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec: required");
-  auto job = manager_->Submit(req->spec());
+  auto job = manager_->Submit(req->spec(), req->from_checkpoint());
   if (!job.ok()) {
     LogWarning(absl::StrCat("refused a job: ", job.status().message()));
     return ToGrpc(job.status());

@@ -48,21 +48,6 @@ JobManager::~JobManager() {
   for (auto& t : finished) t.join();
 }
 
-absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec) {
-  ApplyJobSpecDefaults(spec);
-  if (auto st = ValidateJobSpec(spec); !st.ok()) return st;
-  // The data files' headers and labels, and the model against them (the
-  // shape pass): refuse now, not when it runs.
-  auto data = InspectData(spec.data());
-  if (!data.ok()) return data.status();
-  if (auto plan = PlanModel(spec, *data); !plan.ok()) return plan.status();
-  v1::JobStatus job = store_->Create(spec);
-  LogInfo(ForJob(job.id()), absl::StrCat("accepted '", spec.name(), "' (", spec.schedule().type(),
-                                         ", ", spec.schedule().stages(), " stages): PENDING"));
-  Poke();
-  return store_->Get(job.id());
-}
-
 namespace {
 // The checkpoint directory of a job: <dir>/<job>/step-<k>/manifest.json.
 std::string CheckpointDirOf(const v1::JobStatus& job) {
@@ -73,6 +58,73 @@ std::string CheckpointDirOf(const v1::JobStatus& job) {
       .string();
 }
 }  // namespace
+
+absl::StatusOr<Manifest> JobManager::ResolveFrom(const std::string& from,
+                                                 std::string* manifest_path) {
+  namespace fs = std::filesystem;
+  if (auto job = store_->Get(from); job.ok()) {
+    if (job->checkpoint().manifest().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("from_checkpoint: job ", from,
+                                                     " has no committed checkpoint to start from"));
+    }
+    auto m = NewestValidManifest(CheckpointDirOf(*job), from);
+    if (!m.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("from_checkpoint: job ", from, ": ", m.status().message()));
+    }
+    *manifest_path = CheckpointStepDir(CheckpointDirOf(*job), from, m->step) + "/manifest.json";
+    return m;
+  }
+  std::error_code ec;
+  fs::path path = fs::absolute(from, ec);
+  if (fs::is_regular_file(path, ec) && path.filename() == "manifest.json") {
+    path = path.parent_path();
+  }
+  if (!fs::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("from_checkpoint: '", from,
+                     "' is neither a job id nor a checkpoint step directory on the "
+                     "coordinator's host (<checkpoint.dir>/<job>/step-<k>)"));
+  }
+  auto m = ReadManifest(path.string());
+  if (!m.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("from_checkpoint: ", path.string(), ": ", m.status().message()));
+  }
+  *manifest_path = (path / "manifest.json").string();
+  return m;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::string& from) {
+  ApplyJobSpecDefaults(spec);
+  if (auto st = ValidateJobSpec(spec); !st.ok()) return st;
+  // The data files' headers and labels, and the model against them (the
+  // shape pass): refuse now, not when it runs.
+  auto data = InspectData(spec.data());
+  if (!data.ok()) return data.status();
+  auto plan = PlanModel(spec, *data);
+  if (!plan.ok()) return plan.status();
+  std::string from_manifest;
+  if (!from.empty()) {
+    auto m = ResolveFrom(from, &from_manifest);
+    if (!m.ok()) return m.status();
+    if (m->files.size() != plan->units.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "from_checkpoint: ", from_manifest, " holds ", m->files.size(),
+          " units but this spec's model has ", plan->units.size(),
+          "; start from a checkpoint of the same model (P and the partition may differ)"));
+    }
+  }
+  v1::JobStatus job = store_->Create(spec);
+  if (!from_manifest.empty()) {
+    store_->Update(job.id(), [&](v1::JobStatus& s) { s.set_from_checkpoint(from_manifest); })
+        .IgnoreError();
+  }
+  LogInfo(ForJob(job.id()), absl::StrCat("accepted '", spec.name(), "' (", spec.schedule().type(),
+                                         ", ", spec.schedule().stages(), " stages): PENDING"));
+  Poke();
+  return store_->Get(job.id());
+}
 
 absl::StatusOr<v1::ExportModelResponse> JobManager::Export(const std::string& id, int64_t step) {
   auto job = store_->Get(id);
@@ -339,6 +391,14 @@ absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInf
             .IgnoreError();
       }
       if (!m.ok()) return m.status();
+      resume = std::move(*m);
+    } else if (!job->from_checkpoint().empty()) {
+      // submit --from: another job's cut, verified again now.
+      auto m = ReadManifest(std::filesystem::path(job->from_checkpoint()).parent_path().string());
+      if (!m.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("from_checkpoint: ", job->from_checkpoint(), ": ", m.status().message()));
+      }
       resume = std::move(*m);
     }
     auto drain = std::make_shared<DrainRequest>();

@@ -34,7 +34,10 @@ class JobManager {
 
   // Applies defaults, validates the spec and checks the dataset exists;
   // INVALID_ARGUMENT / NOT_FOUND naming the field otherwise.
-  absl::StatusOr<v1::JobStatus> Submit(v1::JobSpec spec);
+  // `from`: SubmitJobRequest.from_checkpoint (empty: from the first step);
+  // refused naming the field when it names no verified checkpoint, or one of
+  // another number of units.
+  absl::StatusOr<v1::JobStatus> Submit(v1::JobSpec spec, const std::string& from = "");
   // PENDING -> CANCELLED at once; RUNNING -> CANCELLED once its runner stops
   // (within a second). FAILED_PRECONDITION for a job that already ended.
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& id);
@@ -57,6 +60,10 @@ class JobManager {
   absl::StatusOr<v1::ExportModelResponse> Export(const std::string& id, int64_t step);
 
  private:
+  // submit --from's source: a job id (its newest checkpoint that verifies)
+  // or a step directory / manifest.json path, fully verified; sets
+  // `manifest_path`. INVALID_ARGUMENT naming from_checkpoint otherwise.
+  absl::StatusOr<Manifest> ResolveFrom(const std::string& from, std::string* manifest_path);
   void SchedulerLoop();
   bool ShuttingDown();
   void StartJob(const std::string& id, std::vector<v1::WorkerInfo> workers);

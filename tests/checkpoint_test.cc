@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "tests/cluster.h"
 #include "tests/process.h"
 
@@ -237,6 +238,49 @@ TEST(Checkpoint, KillingWorkersWhileTheyWriteNeverLeavesABadLatest) {
     ASSERT_EQ(resumed.exit_code, 0) << resumed.err << cluster.Logs();
   }
   cluster.Ctl({"cancel", id});
+}
+
+TEST(Checkpoint, ANewSpecStartsFromAnotherJobsCheckpointOnAnotherNumberOfStages) {
+  Cluster cluster(3);
+  ASSERT_TRUE(cluster.ok());
+  // One epoch on 2 stages...
+  const std::string first = cluster.Submit(CheckpointedSpec(cluster, "from-a", 12800, 1, 100));
+  ASSERT_FALSE(first.empty());
+  const v1::JobStatus a = cluster.WaitForEnd(first, 300);
+  ASSERT_EQ(a.state(), v1::SUCCEEDED) << cluster.Logs();
+  const int64_t cut = a.progress().total_steps();
+  // ...continued for a second epoch on 3 stages, from the first job's cut.
+  const std::string spec = cluster.WriteSpec(
+      "from-b", absl::StrCat(ShortSpec("from-b", "pipemare", 3, 12800, 2),
+                             "checkpoint: {dir: ", cluster.dir(), "/checkpoints}\n"));
+  auto submitted = cluster.Ctl({"submit", spec, "--from", first, "--wait"}, 300);
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err << cluster.Logs();
+  const v1::JobStatus b = cluster.Status("job-2");
+  EXPECT_EQ(b.state(), v1::SUCCEEDED);
+  EXPECT_EQ(b.stages_size(), 3);
+  EXPECT_EQ(b.resumed_from_step(), cut);
+  EXPECT_EQ(b.from_checkpoint(), a.checkpoint().manifest());
+  EXPECT_EQ(b.progress().step(), 2 * cut);
+  ASSERT_EQ(b.epochs_size(), 1) << "only the second epoch was trained";
+  EXPECT_EQ(b.epochs(0).epoch(), 2);
+  EXPECT_GE(b.metrics().test_accuracy(), a.metrics().test_accuracy() - 0.01)
+      << "it went on from the trained weights, not from scratch";
+  // A step directory works as well; what is not a checkpoint, or one of
+  // another model, is refused naming the field.
+  const std::string step_dir = fs::path(a.checkpoint().manifest()).parent_path().string();
+  auto by_path = cluster.Ctl({"submit", spec, "--from", step_dir});
+  EXPECT_EQ(by_path.exit_code, 0) << by_path.err;
+  auto nothing = cluster.Ctl({"submit", spec, "--from", "job-99"});
+  EXPECT_NE(nothing.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(nothing.err, "from_checkpoint")) << nothing.err;
+  const std::string other = cluster.WriteSpec(
+      "from-c",
+      absl::StrReplaceAll(ShortSpec("from-c", "pipemare", 2, 12800, 2),
+                          {{"layers: [784, 256, 128, 64, 10]", "layers: [784, 64, 10]"}}));
+  auto mismatch = cluster.Ctl({"submit", other, "--from", first});
+  EXPECT_NE(mismatch.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(mismatch.err, "holds 4 units but this spec's model has 2"))
+      << mismatch.err;
 }
 
 TEST(Checkpoint, AJobWithoutACheckpointCannotBeExported) {
