@@ -461,6 +461,7 @@ void JobRunner::Impl::PollStages() {
   for (int i = 0; i < P_; ++i) {
     v1::StageStatusRequest req;
     req.set_job_id(r_.job_id_);
+    req.set_committed_step(committed_step_.load());
     v1::StageStatusResponse resp;
     auto ctx = ContextWithDeadline(3);
     if (!stubs_[i]->GetStageStatus(ctx.get(), req, &resp).ok()) continue;
@@ -522,6 +523,7 @@ absl::Status JobRunner::Impl::PollCheckpoints() {
   for (int i = 0; i < P_; ++i) {
     v1::StageStatusRequest req;
     req.set_job_id(r_.job_id_);
+    req.set_committed_step(committed_step_.load());
     v1::StageStatusResponse resp;
     auto ctx = ContextWithDeadline(3);
     if (!stubs_[i]->GetStageStatus(ctx.get(), req, &resp).ok()) return absl::OkStatus();
@@ -575,6 +577,16 @@ absl::Status JobRunner::Impl::PollCheckpoints() {
   }
   committed_step_ = step;
   ++committed_;
+  // Tell the stages at once (not at the next poll): each keeps the
+  // committed cut in memory for a recovery and lets older ones go.
+  for (int i = 0; i < P_; ++i) {
+    v1::StageStatusRequest req;
+    req.set_job_id(r_.job_id_);
+    req.set_committed_step(step);
+    v1::StageStatusResponse resp;
+    auto ctx = ContextWithDeadline(3);
+    (void)stubs_[i]->GetStageStatus(ctx.get(), req, &resp);
+  }
   const std::string manifest =
       CheckpointStepDir(checkpoint_dir_, r_.job_id_, step) + "/manifest.json";
   LogInfo(

@@ -133,6 +133,27 @@ const UnitState* FindRetainedUnit(const std::vector<RetainedCut>* memory,
   return nullptr;
 }
 
+void StageHost::NoteCommitted(int64_t step) {
+  std::lock_guard<std::mutex> lock(checkpoint_mu_);
+  if (step <= committed_step_) return;
+  committed_step_ = step;
+  PruneRetainedLocked();
+}
+
+void StageHost::PruneRetainedLocked() {
+  // A recovery rolls back to the committed cut, or to one committed after
+  // this stage was asked: keep the newest cut at or before committed_step_
+  // and the newest kNewerCuts after it.
+  if (retained_.empty()) return;
+  while (retained_.size() > 1 && retained_[1].snapshot->step <= committed_step_) {
+    retained_.pop_front();
+  }
+  const size_t base = retained_.front().snapshot->step <= committed_step_ ? 1 : 0;
+  while (retained_.size() > base + kNewerCuts) {
+    retained_.erase(retained_.begin() + static_cast<std::ptrdiff_t>(base));
+  }
+}
+
 std::vector<RetainedCut> StageHost::Retained() const {
   std::lock_guard<std::mutex> lock(checkpoint_mu_);
   return {retained_.begin(), retained_.end()};
@@ -146,6 +167,10 @@ void StageHost::Stop() {
     if (targets_context_) targets_context_->TryCancel();
   }
   cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(checkpoint_mu_);  // no lost wake-up in QueueCut
+  }
+  checkpoint_cv_.notify_all();
   if (downstream_) downstream_context_.TryCancel();
   for (auto& outbox : outbox_) {
     if (outbox) outbox->Close();
@@ -181,6 +206,7 @@ void StageHost::CheckpointLoop() {
       snapshot = std::move(checkpoint_queue_.front());
       checkpoint_queue_.pop_front();
     }
+    checkpoint_cv_.notify_all();  // a stage waiting in QueueCut
     const auto start = std::chrono::steady_clock::now();
     auto files = dir.empty() ? absl::FailedPreconditionError(
                                    "checkpoint_dir: the coordinator sent none; nothing is saved")
@@ -198,7 +224,7 @@ void StageHost::CheckpointLoop() {
     // The newest cuts stay in memory: a recovery that rolls back to one of
     // them restores this stage without reading disk.
     retained_.push_back(RetainedCut{snapshot, *files});
-    while (retained_.size() > kRetainedCuts) retained_.pop_front();
+    PruneRetainedLocked();
     int64_t bytes = 0;
     for (const WrittenFile& f : *files) {
       auto* out = checkpoint_written_.add_files();
@@ -413,7 +439,13 @@ bool StageHost::NextEvent(Event* event) {
 void StageHost::QueueCut(std::shared_ptr<const StageSnapshot> snapshot) {
   metrics_->checkpoint_snapshot_seconds->Observe(snapshot->seconds);
   {
-    std::lock_guard<std::mutex> lock(checkpoint_mu_);
+    // Each queued cut is a copy of the stage's state in host memory: when
+    // the writer falls behind (a slow shared volume), the stage waits for
+    // it rather than piling up copies.
+    std::unique_lock<std::mutex> lock(checkpoint_mu_);
+    checkpoint_cv_.wait(lock, [&] {
+      return checkpoint_queue_.size() < kMaxQueuedCuts || checkpoint_stop_ || stopping_;
+    });
     checkpoint_queue_.push_back(std::move(snapshot));
   }
   checkpoint_cv_.notify_all();

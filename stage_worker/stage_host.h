@@ -89,8 +89,11 @@ class StageHost {
   absl::Status CutAt(int64_t step);
   v1::StageStatusResponse Status() const;
   StageStats Stats() const { return runtime_->Stats(); }
-  // The newest cuts this stage wrote (at most kRetainedCuts), in memory.
+  // The cuts this stage keeps in memory: the newest at or before the job's
+  // committed step and at most kNewerCuts after it.
   std::vector<RetainedCut> Retained() const;
+  // The coordinator committed the cut at `step`: older cuts leave memory.
+  void NoteCommitted(int64_t step);
   // Whether every restored unit came from memory.
   bool restored_from_memory() const { return restored_from_memory_; }
   int64_t generation() const { return assignment_.generation(); }
@@ -182,8 +185,16 @@ class StageHost {
   std::condition_variable checkpoint_cv_;
   std::deque<std::shared_ptr<const StageSnapshot>> checkpoint_queue_;  // GUARDED_BY(checkpoint_mu_)
   v1::CheckpointWritten checkpoint_written_;                           // GUARDED_BY(checkpoint_mu_)
-  static constexpr size_t kRetainedCuts = 2;
-  std::deque<RetainedCut> retained_;  // GUARDED_BY(checkpoint_mu_)
+  // Cuts written but not yet committed that stay in memory beside the
+  // committed one: commits lag the stages (the coordinator polls every
+  // 250 ms and verifies each cut's files), so a stage can be cuts ahead of
+  // the newest commit when cuts are frequent.
+  static constexpr size_t kNewerCuts = 3;
+  // Cuts taken but not yet being written, at most.
+  static constexpr size_t kMaxQueuedCuts = 2;
+  void PruneRetainedLocked();
+  std::deque<RetainedCut> retained_;  // GUARDED_BY(checkpoint_mu_), oldest first
+  int64_t committed_step_ = 0;        // GUARDED_BY(checkpoint_mu_)
   bool restored_from_memory_ = false;
   bool checkpoint_stop_ = false;  // GUARDED_BY(checkpoint_mu_)
 

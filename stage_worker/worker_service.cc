@@ -127,6 +127,12 @@ grpc::Status WorkerService::GetStageStatus(grpc::ServerContext*,
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         absl::StrCat("job_id: no stage of job '", request->job_id(), "' here"));
   }
+  if (request->committed_step() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("committed_step: ", request->committed_step(),
+                                     " is negative; send 0 when no cut is committed"));
+  }
+  host->NoteCommitted(request->committed_step());
   *response = host->Status();
   return grpc::Status::OK;
 }

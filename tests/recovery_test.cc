@@ -63,12 +63,13 @@ TEST(Recovery, AKilledMiddleWorkerIsReplacedByASpareAndTheJobTrainsAsIfUndisturb
   Cluster cluster(4, {"--worker-timeout", std::to_string(kWorkerTimeoutSeconds)});
   ASSERT_TRUE(cluster.ok());
   // The same job (same seed) undisturbed, for its accuracy.
-  const std::string quiet = cluster.Submit(RecoverableSpec(cluster, "quiet", ""));
+  // Cuts every 100 steps: at most kNewerCuts of them run ahead of a commit.
+  const std::string quiet = cluster.Submit(RecoverableSpec(cluster, "quiet", "", 100));
   ASSERT_FALSE(quiet.empty());
   const v1::JobStatus baseline = cluster.WaitForEnd(quiet, 300);
   ASSERT_EQ(baseline.state(), v1::SUCCEEDED) << cluster.Logs();
 
-  const std::string id = cluster.Submit(RecoverableSpec(cluster, "disturbed", ""));
+  const std::string id = cluster.Submit(RecoverableSpec(cluster, "disturbed", "", 100));
   ASSERT_FALSE(id.empty());
   const int64_t killed_at = KillStageAfterACut(cluster, id, 1);
   ASSERT_GT(killed_at, 0);
