@@ -1,12 +1,19 @@
 // The coordinator's managers, called directly (no sockets): the worker
-// registry's identities and the job store's lifecycle and restart rules.
+// registry's identities, the job store's lifecycle and restart rules, and
+// the job manager's state machine around a scripted run (recovery, shrink,
+// bounds, cancel, queueing).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <mutex>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "coordinator/job_manager.h"
 #include "coordinator/job_store.h"
 #include "coordinator/worker_registry.h"
 #include "google/protobuf/util/json_util.h"
@@ -193,6 +200,260 @@ TEST(JobStoreTest, ARestartContinuesRunningJobsFromTheirCheckpointOrTheirFirstSt
   EXPECT_EQ(restarted.Pending(), (std::vector<std::string>{with, without}));
   EXPECT_EQ(restarted.Create(v1::JobSpec()).id(), "job-4") << "ids are never reused";
   std::filesystem::remove_all(dir);
+}
+
+// ---------------------------------------------------------------------------
+// The job manager's state machine. Each test scripts what one run of the
+// job does (JobManager::RunOnce: lose a stage, fail, wait for cancel,
+// succeed) and watches the job move through the store.
+
+// What each run of a job was given.
+struct RunGiven {
+  std::vector<v1::WorkerInfo> workers;
+  v1::JobSpec spec;
+  int64_t generation = 0;
+};
+
+class ScriptedRuns {
+ public:
+  // `script(n, workers, cancel, context)`: what run n (from 0) does.
+  using Script = std::function<absl::Status(int, const std::vector<v1::WorkerInfo>&,
+                                            const std::atomic<bool>&, RunContext*)>;
+  explicit ScriptedRuns(Script script) : script_(std::move(script)) {}
+  JobManager::RunOnce Fn() {
+    return [this](const std::string&, const v1::JobSpec& spec,
+                  const std::vector<v1::WorkerInfo>& workers, const std::atomic<bool>& cancel,
+                  RunContext* context) {
+      int n;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        n = static_cast<int>(runs_.size());
+        runs_.push_back({workers, spec, context->generation});
+      }
+      return script_(n, workers, cancel, context);
+    };
+  }
+  std::vector<RunGiven> runs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return runs_;
+  }
+
+ private:
+  Script script_;
+  std::mutex mu_;
+  std::vector<RunGiven> runs_;
+};
+
+v1::JobSpec Spec(int stages, int max_restarts, double wait_seconds, bool shrink) {
+  v1::JobSpec spec;
+  spec.set_name("scripted");
+  spec.mutable_schedule()->set_stages(stages);
+  spec.mutable_recovery()->set_max_restarts(max_restarts);
+  spec.mutable_recovery()->set_wait_seconds(wait_seconds);
+  spec.mutable_recovery()->set_shrink(shrink);
+  return spec;
+}
+
+// Registers `n` workers at 10.0.1.<first..>:7071.
+void AddWorkers(WorkerRegistry& registry, int n, int first = 1) {
+  for (int i = first; i < first + n; ++i) {
+    ASSERT_TRUE(
+        registry.Register(Worker(absl::StrCat("10.0.1.", i, ":7071"), absl::StrCat("instance-", i)))
+            .ok());
+  }
+}
+
+// Waits (10 s at most) until job `id` is in `state`.
+v1::JobStatus WaitForState(const JobStore& store, const std::string& id, v1::JobState state) {
+  uint64_t version = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  v1::JobStatus job = *store.Get(id);
+  while (job.state() != state && std::chrono::steady_clock::now() < deadline) {
+    auto next = store.WaitForChange(id, &version, std::chrono::milliseconds(100));
+    if (next.ok()) job = *next;
+  }
+  return job;
+}
+
+// A run that loses the worker of `stage`: the stream to it broke.
+absl::Status LoseStage(WorkerRegistry& registry, int stage,
+                       const std::vector<v1::WorkerInfo>& workers, RunContext* context) {
+  context->lost_stages = {stage};
+  registry.MarkUnreachable(workers[stage].id());
+  return absl::UnavailableError(absl::StrCat("stage ", stage, ": the stream broke"));
+}
+
+TEST(JobManagerTest, ALostStageGoesToASpareAndOnlyThatStageMoves) {
+  JobStore store;
+  WorkerRegistry registry(std::chrono::seconds(5));
+  AddWorkers(registry, 4);  // three stages and a spare
+  ScriptedRuns runs([&](int n, const std::vector<v1::WorkerInfo>& workers, const std::atomic<bool>&,
+                        RunContext* context) {
+    return n == 0 ? LoseStage(registry, 1, workers, context) : absl::OkStatus();
+  });
+  JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
+  const std::string id = store.Create(Spec(3, 3, 5, false)).id();
+  manager.Poke();
+  const v1::JobStatus job = WaitForState(store, id, v1::SUCCEEDED);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  const std::vector<RunGiven> r = runs.runs();
+  ASSERT_EQ(r.size(), 2u);
+  ASSERT_EQ(r[1].workers.size(), 3u);
+  EXPECT_EQ(r[1].workers[0].id(), r[0].workers[0].id()) << "survivors keep their stages";
+  EXPECT_EQ(r[1].workers[2].id(), r[0].workers[2].id());
+  EXPECT_NE(r[1].workers[1].id(), r[0].workers[1].id()) << "the spare took stage 1";
+  EXPECT_EQ(r[1].generation, r[0].generation + 1) << "a new generation fences the old run";
+  ASSERT_EQ(job.restarts_size(), 1);
+  EXPECT_EQ(job.restarts(0).stage(), 1);
+  EXPECT_EQ(job.restarts(0).worker_id(), r[0].workers[1].id());
+  EXPECT_EQ(job.restarts(0).stages(), 3);
+  EXPECT_THAT(job.restarts(0).cause(), HasSubstr("the stream broke"));
+  EXPECT_EQ(registry.IdleCount(), 3) << "every live worker is free again";
+}
+
+TEST(JobManagerTest, ARecoveringJobWaitsForAnIdleWorkerAndRunsOnWhenOneRegisters) {
+  JobStore store;
+  WorkerRegistry registry(std::chrono::seconds(5));
+  AddWorkers(registry, 3);  // no spare
+  ScriptedRuns runs([&](int n, const std::vector<v1::WorkerInfo>& workers, const std::atomic<bool>&,
+                        RunContext* context) {
+    return n == 0 ? LoseStage(registry, 2, workers, context) : absl::OkStatus();
+  });
+  JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
+  const std::string id = store.Create(Spec(3, 3, 30, false)).id();
+  manager.Poke();
+  const v1::JobStatus recovering = WaitForState(store, id, v1::RECOVERING);
+  ASSERT_EQ(recovering.state(), v1::RECOVERING);
+  EXPECT_THAT(recovering.reason(), HasSubstr("lost stage 2"));
+  EXPECT_THAT(recovering.reason(), HasSubstr("restart 1 of 3"));
+  AddWorkers(registry, 1, 9);  // a worker arrives
+  const v1::JobStatus job = WaitForState(store, id, v1::SUCCEEDED);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  const std::vector<RunGiven> r = runs.runs();
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[1].workers[2].address(), "10.0.1.9:7071");
+}
+
+TEST(JobManagerTest, WithNoSpareAShrinkingJobRunsOnItsSurvivorsWithFewerStages) {
+  JobStore store;
+  WorkerRegistry registry(std::chrono::seconds(5));
+  AddWorkers(registry, 3);
+  ScriptedRuns runs([&](int n, const std::vector<v1::WorkerInfo>& workers, const std::atomic<bool>&,
+                        RunContext* context) {
+    return n == 0 ? LoseStage(registry, 0, workers, context) : absl::OkStatus();
+  });
+  JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
+  v1::JobSpec spec = Spec(3, 3, 0.3, true);
+  spec.mutable_schedule()->set_partition("split");
+  spec.mutable_schedule()->add_split(2);
+  spec.mutable_schedule()->add_split(4);
+  const std::string id = store.Create(spec).id();
+  manager.Poke();
+  const v1::JobStatus job = WaitForState(store, id, v1::SUCCEEDED);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  const std::vector<RunGiven> r = runs.runs();
+  ASSERT_EQ(r.size(), 2u);
+  ASSERT_EQ(r[1].workers.size(), 2u);
+  EXPECT_EQ(r[1].workers[0].id(), r[0].workers[1].id());
+  EXPECT_EQ(r[1].workers[1].id(), r[0].workers[2].id());
+  EXPECT_EQ(r[1].spec.schedule().stages(), 2);
+  EXPECT_EQ(r[1].spec.schedule().partition(), "parameters") << "a 3-stage split cannot cut 2";
+  EXPECT_EQ(r[1].spec.schedule().split_size(), 0);
+  EXPECT_EQ(job.spec().schedule().stages(), 2) << "status shows the spec it runs";
+  EXPECT_EQ(job.restarts(0).stages(), 2);
+}
+
+TEST(JobManagerTest, WithNoSpareAndNoShrinkTheJobFailsNamingBothFixes) {
+  JobStore store;
+  WorkerRegistry registry(std::chrono::seconds(5));
+  AddWorkers(registry, 2);
+  ScriptedRuns runs([&](int, const std::vector<v1::WorkerInfo>& workers, const std::atomic<bool>&,
+                        RunContext* context) { return LoseStage(registry, 1, workers, context); });
+  JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
+  const std::string id = store.Create(Spec(2, 3, 0.3, false)).id();
+  manager.Poke();
+  const v1::JobStatus job = WaitForState(store, id, v1::FAILED);
+  ASSERT_EQ(job.state(), v1::FAILED) << job.reason();
+  EXPECT_THAT(job.reason(), HasSubstr("recovery.wait_seconds (0.3 s)"));
+  EXPECT_THAT(job.reason(), HasSubstr("pipemarectl resume"));
+  EXPECT_THAT(job.reason(), HasSubstr("recovery.shrink: true"));
+  EXPECT_EQ(runs.runs().size(), 1u);
+}
+
+TEST(JobManagerTest, RestartsAreBoundedByMaxRestartsAndZeroTurnsRecoveryOff) {
+  JobStore store;
+  WorkerRegistry registry(std::chrono::seconds(5));
+  AddWorkers(registry, 8);
+  ScriptedRuns runs([&](int, const std::vector<v1::WorkerInfo>& workers, const std::atomic<bool>&,
+                        RunContext* context) { return LoseStage(registry, 0, workers, context); });
+  JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
+  const std::string bounded = store.Create(Spec(1, 2, 5, false)).id();
+  manager.Poke();
+  const v1::JobStatus job = WaitForState(store, bounded, v1::FAILED);
+  ASSERT_EQ(job.state(), v1::FAILED) << job.reason();
+  EXPECT_EQ(job.restarts_size(), 2);
+  EXPECT_THAT(job.reason(), HasSubstr("recovery.max_restarts = 2 used up"));
+  EXPECT_EQ(runs.runs().size(), 3u);
+
+  const std::string off = store.Create(Spec(1, 0, 5, false)).id();
+  manager.Poke();
+  const v1::JobStatus once = WaitForState(store, off, v1::FAILED);
+  ASSERT_EQ(once.state(), v1::FAILED) << once.reason();
+  EXPECT_THAT(once.reason(), HasSubstr("recovery is off"));
+  EXPECT_EQ(once.restarts_size(), 0);
+  EXPECT_EQ(runs.runs().size(), 4u);
+}
+
+TEST(JobManagerTest, AFailureRecoveryCannotHelpEndsTheJobAtOnce) {
+  JobStore store;
+  WorkerRegistry registry(std::chrono::seconds(5));
+  AddWorkers(registry, 3);
+  ScriptedRuns runs(
+      [&](int, const std::vector<v1::WorkerInfo>&, const std::atomic<bool>&, RunContext*) {
+        return absl::FailedPreconditionError("the loss diverged at step 12");
+      });
+  JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
+  const std::string id = store.Create(Spec(2, 3, 5, false)).id();
+  manager.Poke();
+  const v1::JobStatus job = WaitForState(store, id, v1::FAILED);
+  ASSERT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("diverged at step 12"));
+  EXPECT_EQ(job.restarts_size(), 0);
+  EXPECT_EQ(runs.runs().size(), 1u);
+  EXPECT_EQ(registry.IdleCount(), 3);
+}
+
+TEST(JobManagerTest, JobsWaitOldestFirstAndCancelReachesPendingAndRunningJobs) {
+  JobStore store;
+  WorkerRegistry registry(std::chrono::seconds(5));
+  AddWorkers(registry, 2);
+  ScriptedRuns runs(
+      [&](int, const std::vector<v1::WorkerInfo>&, const std::atomic<bool>& cancel, RunContext*) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!cancel.load() && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return cancel.load() ? absl::CancelledError("cancelled by the user")
+                             : absl::DeadlineExceededError("never cancelled");
+      });
+  JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
+  const std::string big = store.Create(Spec(3, 3, 5, false)).id();
+  const std::string small = store.Create(Spec(1, 3, 5, false)).id();
+  manager.Poke();
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // a scheduler pass or two
+  EXPECT_EQ(store.Get(small)->state(), v1::PENDING) << "a small job does not pass a big one";
+  EXPECT_EQ(store.Get(big)->reason(), "waiting for 3 idle workers (2 idle now)");
+  EXPECT_TRUE(runs.runs().empty());
+  // Cancelled while pending: at once, and the next job in line runs.
+  ASSERT_EQ(manager.Cancel(big)->state(), v1::CANCELLED);
+  manager.Poke();
+  ASSERT_EQ(WaitForState(store, small, v1::RUNNING).state(), v1::RUNNING);
+  ASSERT_TRUE(manager.Cancel(small).ok());
+  const v1::JobStatus job = WaitForState(store, small, v1::CANCELLED);
+  EXPECT_EQ(job.state(), v1::CANCELLED) << job.reason();
+  EXPECT_EQ(runs.runs().size(), 1u);
+  EXPECT_EQ(manager.Cancel(small).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry.IdleCount(), 2);
 }
 
 }  // namespace

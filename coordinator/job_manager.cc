@@ -14,8 +14,19 @@
 
 namespace pipemare {
 
-JobManager::JobManager(JobStore* store, WorkerRegistry* registry, RunnerOptions options)
-    : store_(store), registry_(registry), options_(options) {
+JobManager::JobManager(JobStore* store, WorkerRegistry* registry, RunnerOptions options,
+                       RunOnce run)
+    : store_(store),
+      registry_(registry),
+      options_(options),
+      run_(run ? std::move(run)
+               : RunOnce([this](const std::string& id, const v1::JobSpec& spec,
+                                const std::vector<v1::WorkerInfo>& workers,
+                                const std::atomic<bool>& cancel, RunContext* context) {
+                   return JobRunner(id, spec, workers, store_, registry_, &cancel, options_,
+                                    context)
+                       .Run();
+                 })) {
   scheduler_ = std::thread([this] { SchedulerLoop(); });
 }
 
@@ -414,8 +425,7 @@ absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInf
     context.recovering_since = recovering_since;
     store_->Update(id, [&](v1::JobStatus& s) { s.set_generation(context.generation); })
         .IgnoreError();
-    const absl::Status result =
-        JobRunner(id, job->spec(), workers, store_, registry_, &cancel, options_, &context).Run();
+    const absl::Status result = run_(id, job->spec(), workers, cancel, &context);
     if (result.ok() || !Recoverable(result) || cancel.load() || ShuttingDown()) return result;
     auto recovered = Recover(id, result, context, &workers, cancel);
     if (!recovered.ok()) return recovered.status();

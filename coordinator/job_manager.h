@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,7 +25,16 @@ namespace pipemare {
 
 class JobManager {
  public:
-  JobManager(JobStore* store, WorkerRegistry* registry, RunnerOptions options);
+  // One run of job `id` on `workers` until it ends (JobRunner::Run by
+  // default); the state machine around it (PENDING, RUNNING, RECOVERING,
+  // the end) is this class's. coordinator_test.cc drives that state machine
+  // with a scripted run, without sockets.
+  using RunOnce = std::function<absl::Status(const std::string& id, const v1::JobSpec& spec,
+                                             const std::vector<v1::WorkerInfo>& workers,
+                                             const std::atomic<bool>& cancel, RunContext* context)>;
+
+  JobManager(JobStore* store, WorkerRegistry* registry, RunnerOptions options,
+             RunOnce run = nullptr);
   // Drains every running job (each cuts a checkpoint at its next step and
   // stays RUNNING for the next coordinator), cancels what is still running
   // after RunnerOptions::drain_timeout_seconds, and joins every thread.
@@ -84,6 +94,7 @@ class JobManager {
   JobStore* const store_;
   WorkerRegistry* const registry_;
   const RunnerOptions options_;
+  const RunOnce run_;
 
   std::mutex mu_;
   std::condition_variable cv_;
