@@ -179,7 +179,11 @@ class JobRunner::Impl {
   std::mutex commit_mu_;                    // one poll/commit at a time (committer, runner)
   std::atomic<int64_t> committed_step_{0};  // written under commit_mu_
   int32_t committed_ = 0;                   // GUARDED_BY(commit_mu_)
-  std::atomic<int64_t> steps_done_{0};      // train_done_ / N, for the committer
+  // Complete cuts in a row whose files the coordinator could not verify;
+  // at kMaxVerifyFailures the job fails naming checkpoint.dir.
+  static constexpr int kMaxVerifyFailures = 3;
+  int verify_failures_ = 0;             // GUARDED_BY(commit_mu_)
+  std::atomic<int64_t> steps_done_{0};  // train_done_ / N, for the committer
   std::thread committer_;
   bool committer_stop_ = false;  // GUARDED_BY(mu_)
   absl::Status commit_error_;    // GUARDED_BY(mu_)
@@ -573,8 +577,18 @@ absl::Status JobRunner::Impl::PollCheckpoints() {
     // A damaged cut is not committed; the previous one stays "latest".
     LogError(ForJob(r_.job_id_),
              absl::StrCat("checkpoint at step ", step, " not committed: ", st.message()));
+    if (absl::IsDataLoss(st) && ++verify_failures_ >= kMaxVerifyFailures) {
+      // Not one damaged cut but a directory the coordinator does not share
+      // with the workers: the operator's to fix, recovering cannot help.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint.dir (", checkpoint_dir_, "): the coordinator could not verify ",
+          verify_failures_, " cuts in a row that every stage reported written (", st.message(),
+          "); checkpoint.dir must be one directory every worker and the coordinator reach (a "
+          "shared volume on a cluster)"));
+    }
     return absl::OkStatus();
   }
+  verify_failures_ = 0;
   committed_step_ = step;
   ++committed_;
   // Tell the stages at once (not at the next poll): each keeps the

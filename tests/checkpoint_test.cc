@@ -5,8 +5,10 @@
 // Label: multiprocess.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -319,6 +321,38 @@ TEST(Checkpoint, AStageThatCannotWriteItsCutFailsTheJobNamingTheDirectory) {
   EXPECT_EQ(job.restarts_size(), 0) << "a write error is not a lost worker";
   // The workers are free again.
   EXPECT_TRUE(WaitFor(30, [&] { return cluster.CountWorkers(v1::IDLE) == 2; })) << cluster.Logs();
+}
+
+TEST(Checkpoint, ACheckpointDirTheCoordinatorDoesNotShareFailsTheJobNamingIt) {
+  // The coordinator gets a mount namespace of its own with an empty tmpfs
+  // over checkpoint.dir: the workers write their cuts, the coordinator finds
+  // none of the files (a directory that is not one shared volume).
+  if (geteuid() != 0 || std::system("unshare --mount true 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs root to give the coordinator a mount namespace of its own";
+  }
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok());
+  const std::string dir = cluster.dir() + "/not-shared";
+  cluster.set_coordinator_wrapper(
+      {"/usr/bin/unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+       absl::StrCat("mkdir -p ", dir, " && mount -t tmpfs tmpfs ", dir, " && exec \"$@\""), "sh"});
+  cluster.coordinator().Signal(SIGKILL);
+  cluster.coordinator().Wait(10);
+  cluster.StartCoordinator();
+  ASSERT_FALSE(cluster.address().empty()) << cluster.Logs();
+  ASSERT_TRUE(WaitFor(30, [&] { return cluster.CountWorkers(v1::IDLE) == 2; })) << cluster.Logs();
+  const std::string spec = cluster.WriteSpec(
+      "ckpt-not-shared", absl::StrCat(ShortSpec("ckpt-not-shared", "pipemare", 2, 6400),
+                                      "checkpoint: {every_steps: 10, dir: ", dir, "}\n"));
+  const std::string id = cluster.Submit(spec);
+  ASSERT_FALSE(id.empty());
+  const v1::JobStatus job = cluster.WaitForEnd(id, 120);
+  EXPECT_EQ(job.state(), v1::FAILED) << cluster.Logs();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "could not verify 3 cuts in a row")) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), absl::StrCat("checkpoint.dir (", dir)))
+      << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "shared volume")) << job.reason();
+  EXPECT_EQ(job.restarts_size(), 0) << "recovering cannot fix a directory";
 }
 
 }  // namespace

@@ -47,6 +47,7 @@ void Cluster::StartCoordinator() {
                                    "--metrics-address-file",
                                    metrics_file};
   argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
+  argv.insert(argv.begin(), coordinator_wrapper_.begin(), coordinator_wrapper_.end());
   coordinator_ = std::make_unique<Process>(
       argv, absl::StrCat(dir_, "/coordinator-", ++coordinator_starts_, ".log"));
   std::string addr;

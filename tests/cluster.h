@@ -28,6 +28,11 @@ class Cluster {
   const std::string& dir() const { return dir_; }
 
   void StartCoordinator();
+  // Runs the coordinator's next starts under `wrapper` (argv before its
+  // own, e.g. unshare), for tests that give it a view of its own.
+  void set_coordinator_wrapper(std::vector<std::string> wrapper) {
+    coordinator_wrapper_ = std::move(wrapper);
+  }
   void AddWorker();
   Process& coordinator() { return *coordinator_; }
   Process& worker(int i) { return *workers_[i]; }
@@ -54,6 +59,7 @@ class Cluster {
   std::string address_;
   std::string metrics_address_;
   std::vector<std::string> coordinator_flags_;
+  std::vector<std::string> coordinator_wrapper_;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
   bool ok_ = false;
