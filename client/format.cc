@@ -383,8 +383,8 @@ std::string RenderJobList(const v1::ListJobsResponse& jobs) {
 }
 
 std::string RenderWorkers(const v1::ListWorkersResponse& workers, int64_t now_unix_ms) {
-  TextTable table(
-      {"ID", "ADDRESS", "DEVICE", "THREADS", "STATE", "JOB", "STAGE", "LAST-HEARTBEAT", "METRICS"});
+  TextTable table({"ID", "ADDRESS", "DEVICE", "THREADS", "STATE", "JOB", "STAGE", "HOLDS",
+                   "LAST-HEARTBEAT", "METRICS"});
   for (int c : {3, 6, 7}) table.AlignRight(c);
   for (const auto& worker : workers.workers()) {
     bool assigned = !worker.job_id().empty();
@@ -396,6 +396,10 @@ std::string RenderWorkers(const v1::ListWorkersResponse& workers, int64_t now_un
     table.AddRow({worker.id(), worker.address(), OrDash(worker.device()),
                   Format("%d", worker.threads()), WorkerStateName(worker.state()),
                   assigned ? worker.job_id() : "-", assigned ? Format("%d", worker.stage()) : "-",
+                  // The stage whose cuts it keeps in memory (ServedStage).
+                  worker.served().job_id().empty()
+                      ? "-"
+                      : absl::StrCat(worker.served().job_id(), " stage ", worker.served().stage()),
                   age, OrDash(worker.metrics_address())});
   }
   return table.Render();

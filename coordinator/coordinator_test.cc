@@ -133,6 +133,49 @@ TEST(WorkerRegistryTest, ARestartedCoordinatorListsTheWorkersItKnewAndGivesThemT
   std::filesystem::remove_all(dir);
 }
 
+v1::RegisterWorkerRequest Serving(const std::string& address, const std::string& instance,
+                                  const std::string& job, int stage) {
+  v1::RegisterWorkerRequest r = Worker(address, instance);
+  r.mutable_served()->set_job_id(job);
+  r.mutable_served()->set_stage(stage);
+  r.mutable_served()->add_cut_steps(100);
+  return r;
+}
+
+TEST(WorkerRegistryTest, WorkersThatServedAJobGetTheirStagesBackSoTheyRestoreFromMemory) {
+  WorkerRegistry registry(std::chrono::seconds(5));
+  const std::string a = *registry.Register(Serving("10.0.0.1:7071", "a", "job-7", 2));
+  const std::string b = *registry.Register(Worker("10.0.0.2:7071", "b"));
+  const std::string c = *registry.Register(Serving("10.0.0.3:7071", "c", "job-7", 0));
+  const std::string d = *registry.Register(Serving("10.0.0.4:7071", "d", "job-5", 1));
+  EXPECT_EQ(registry.List()[0].served().job_id(), "job-7") << "listed: pipemarectl workers";
+  auto workers = registry.Acquire(3, "job-7");
+  ASSERT_TRUE(workers);
+  ASSERT_EQ(workers->size(), 3u);
+  EXPECT_EQ((*workers)[0].id(), c) << "stage 0 goes back to the worker that served it";
+  EXPECT_EQ((*workers)[1].id(), b) << "the oldest other fills a stage no one holds";
+  EXPECT_EQ((*workers)[2].id(), a);
+  // A worker released by a job holds that job's stage in memory from then on.
+  for (int i = 0; i < 3; ++i) registry.SetStage((*workers)[i].id(), i);
+  registry.Release("job-7");
+  for (const auto& w : registry.List()) {
+    if (w.id() == b) EXPECT_EQ(w.served().stage(), 1);
+    if (w.id() == b) EXPECT_EQ(w.served().job_id(), "job-7");
+  }
+  // Another job takes the oldest.
+  auto other = registry.Acquire(1, "job-9");
+  ASSERT_TRUE(other);
+  EXPECT_EQ((*other)[0].id(), a);
+  (void)d;
+}
+
+TEST(WorkerRegistryTest, AServedStageWithoutAStageIsRefusedNamingTheField) {
+  WorkerRegistry registry(std::chrono::seconds(5));
+  auto st = registry.Register(Serving("10.0.0.1:7071", "a", "job-7", -1));
+  EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.status().message()), HasSubstr("served"));
+}
+
 TEST(JobStoreTest, TheLifecycleTableAllowsResumeButNothingAfterSuccess) {
   JobStore store;
   v1::JobSpec spec;

@@ -216,6 +216,7 @@ absl::Status JobRunner::Impl::LoadStages(std::vector<v1::StageAssignment> assign
                  [&](v1::JobStatus& s) {
                    auto* stage = s.mutable_stages(i);
                    stage->set_parameters(resp.parameters());
+                   stage->set_restored_from_memory(resp.restored_from_memory());
                    stage->set_analytic_delay(resp.analytic_delay());
                  })
         .IgnoreError();

@@ -22,6 +22,13 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   if (request.instance_id().size() > 128) {
     return absl::InvalidArgumentError("instance_id: at most 128 bytes");
   }
+  const v1::ServedStage& served = request.served();
+  if (served.job_id().size() > 128 || (!served.job_id().empty() && served.stage() < 0) ||
+      served.cut_steps_size() > 64) {
+    return absl::InvalidArgumentError(
+        "served: a job_id of at most 128 bytes with a stage >= 0 and at most 64 cut_steps, or "
+        "empty");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   std::string id;
   for (auto it = workers_.begin(); it != workers_.end();) {
@@ -56,6 +63,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   e.info.set_device(request.device().empty() ? "cpu" : request.device());
   e.info.set_threads(request.threads());
   e.info.set_metrics_address(request.metrics_address());
+  *e.info.mutable_served() = served;
   e.info.set_state(v1::IDLE);
   e.info.clear_job_id();
   e.info.set_stage(-1);
@@ -159,11 +167,27 @@ std::optional<std::vector<v1::WorkerInfo>> WorkerRegistry::Acquire(int n,
   }
   if (static_cast<int>(idle.size()) < n) return std::nullopt;
   std::sort(idle.begin(), idle.end(), [](Entry* a, Entry* b) { return a->order < b->order; });
+  // Workers that served this job take back their stages (slot = stage);
+  // the oldest others fill the rest.
+  std::vector<Entry*> slots(n, nullptr);
+  std::vector<Entry*> others;
+  for (Entry* e : idle) {
+    const v1::ServedStage& s = e->info.served();
+    if (s.job_id() == job_id && s.stage() < n && slots[s.stage()] == nullptr) {
+      slots[s.stage()] = e;
+    } else {
+      others.push_back(e);
+    }
+  }
+  size_t next = 0;
+  for (Entry*& slot : slots) {
+    if (slot == nullptr) slot = others[next++];
+  }
   std::vector<v1::WorkerInfo> out;
-  for (int i = 0; i < n; ++i) {
-    idle[i]->info.set_state(v1::BUSY);
-    idle[i]->info.set_job_id(job_id);
-    out.push_back(idle[i]->info);
+  for (Entry* e : slots) {
+    e->info.set_state(v1::BUSY);
+    e->info.set_job_id(job_id);
+    out.push_back(e->info);
   }
   return out;
 }
@@ -178,6 +202,12 @@ void WorkerRegistry::Release(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, e] : workers_) {
     if (e.info.job_id() != job_id) continue;
+    if (e.info.stage() >= 0) {  // the worker keeps that stage's cuts in memory
+      v1::ServedStage* served = e.info.mutable_served();
+      served->Clear();
+      served->set_job_id(job_id);
+      served->set_stage(e.info.stage());
+    }
     e.info.clear_job_id();
     e.info.set_stage(-1);
     if (e.info.state() == v1::BUSY) e.info.set_state(e.leaving ? v1::LOST : v1::IDLE);

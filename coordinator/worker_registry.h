@@ -49,8 +49,9 @@ class WorkerRegistry {
 
   std::vector<v1::WorkerInfo> List() const;
   int IdleCount() const;
-  // Reserves `n` IDLE workers for `job_id` (oldest first), or nothing if
-  // fewer are idle.
+  // Reserves `n` IDLE workers for `job_id`, or nothing if fewer are idle:
+  // element i is the worker that served stage i of the job (ServedStage) if
+  // one is idle, else the oldest idle other.
   std::optional<std::vector<v1::WorkerInfo>> Acquire(int n, const std::string& job_id);
   void SetStage(const std::string& worker_id, int stage);
   // Returns the job's BUSY workers to IDLE (a leaving one goes LOST).

@@ -205,6 +205,9 @@ int main(int argc, char** argv) {
       req.set_threads(threads);
       req.set_metrics_address(metrics_address);
       req.set_instance_id(instance_id);
+      // What it serves: a restarted coordinator gives that job back to it on
+      // the same stage, restoring from memory.
+      *req.mutable_served() = service.Served();
       pipemare::v1::RegisterWorkerResponse resp;
       auto ctx = pipemare::ContextWithDeadline(5);
       grpc::Status st = stub->RegisterWorker(ctx.get(), req, &resp);
@@ -214,7 +217,12 @@ int main(int argc, char** argv) {
         last_contact = std::chrono::steady_clock::now();
         warned = false;
         pipemare::LogInfo(
-            absl::StrCat("registered with coordinator ", coordinator, " as ", worker_id));
+            absl::StrCat("registered with coordinator ", coordinator, " as ", worker_id,
+                         req.served().job_id().empty()
+                             ? ""
+                             : absl::StrCat(", holding stage ", req.served().stage(), " of job ",
+                                            req.served().job_id(), " (",
+                                            req.served().cut_steps_size(), " cuts in memory)")));
       } else if (st.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
         // Another live worker advertises our address: say so every time (a
         // configuration error), and retry: if it was our own previous

@@ -73,6 +73,7 @@ class StageHost {
   StageHost& operator=(const StageHost&) = delete;
 
   const std::string& job_id() const { return assignment_.job_id(); }
+  int stage() const { return assignment_.stage(); }
 
   // Serves an incoming stream whose first message, `open`, was already read.
   // Returns when the stream ends or the host stops.

@@ -169,6 +169,28 @@ grpc::Status WorkerService::CutCheckpoint(grpc::ServerContext*,
   return ToGrpc(host->CutAt(request->step()));
 }
 
+v1::ServedStage WorkerService::Served() {
+  std::shared_ptr<StageHost> host;
+  v1::ServedStage served;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    host = host_;
+    if (!host && !memory_job_.empty()) {
+      served.set_job_id(memory_job_);
+      served.set_stage(memory_stage_);
+      served.set_generation(memory_generation_);
+      for (const RetainedCut& cut : memory_) served.add_cut_steps(cut.snapshot->step);
+    }
+  }
+  if (host) {
+    served.set_job_id(host->job_id());
+    served.set_stage(host->stage());
+    served.set_generation(host->generation());
+    for (const RetainedCut& cut : host->Retained()) served.add_cut_steps(cut.snapshot->step);
+  }
+  return served;
+}
+
 void WorkerService::ReleaseAll(const std::string& why) {
   std::shared_ptr<StageHost> host;
   {

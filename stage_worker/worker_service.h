@@ -47,6 +47,9 @@ class WorkerService final : public v1::StageWorker::Service {
     return host_ != nullptr && !host_->failed();
   }
   void set_self_address(const std::string& a) { self_address_ = a; }
+  // The stage loaded now, or the last one and the cuts of it this worker
+  // holds in memory (RegisterWorkerRequest.served).
+  v1::ServedStage Served();
 
  private:
   std::shared_ptr<StageHost> Current(const std::string& job_id);
@@ -59,12 +62,17 @@ class WorkerService final : public v1::StageWorker::Service {
   const VirtualDevice virtual_device_;
   std::mutex mu_;
   std::shared_ptr<StageHost> host_;  // GUARDED_BY(mu_)
-  // Cuts kept by the last stage that ended, and its job.
+  // Cuts kept by the last stage that ended, and its job, stage and
+  // generation.
   std::string memory_job_;           // GUARDED_BY(mu_)
+  int memory_stage_ = -1;            // GUARDED_BY(mu_)
+  int64_t memory_generation_ = 0;    // GUARDED_BY(mu_)
   std::vector<RetainedCut> memory_;  // GUARDED_BY(mu_)
   // Keeps `host`'s cuts as memory_ (mu_ held).
   void KeepMemoryLocked(const StageHost& host) {
     memory_job_ = host.job_id();
+    memory_stage_ = host.stage();
+    memory_generation_ = host.generation();
     memory_ = host.Retained();
   }
   std::mutex profile_mu_;  // one ProfileUnits at a time

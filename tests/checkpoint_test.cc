@@ -198,8 +198,14 @@ TEST(Checkpoint, AKilledCoordinatorsRunningJobContinuesFromItsCheckpointAfterARe
   EXPECT_EQ(job.progress().step(), job.progress().total_steps());
   EXPECT_EQ(job.epochs_size(), 5);
   EXPECT_GE(job.metrics().test_accuracy(), 0.9);
-  // The workers came back under their ids.
+  // The workers came back under their ids, reported the stages they served,
+  // got them back and restored them from memory, not disk.
   EXPECT_EQ(ids_of(), ids);
+  ASSERT_EQ(job.stages_size(), 2);
+  for (const auto& stage : job.stages()) {
+    EXPECT_TRUE(stage.restored_from_memory()) << "stage " << stage.index() << "\n"
+                                              << cluster.Logs();
+  }
 }
 
 TEST(Checkpoint, KillingWorkersWhileTheyWriteNeverLeavesABadLatest) {
