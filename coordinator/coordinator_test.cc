@@ -326,14 +326,24 @@ absl::Status LoseStage(WorkerRegistry& registry, int stage,
   return absl::UnavailableError(absl::StrCat("stage ", stage, ": the stream broke"));
 }
 
-TEST(JobManagerTest, ALostStageGoesToASpareAndOnlyThatStageMoves) {
+// Run 0 loses the worker of `stage`; later runs succeed, or lose it again
+// when `every_run`.
+ScriptedRuns::Script LosesStage(WorkerRegistry& registry, int stage, bool every_run = false) {
+  return [&registry, stage, every_run](int n, const std::vector<v1::WorkerInfo>& workers,
+                                       const std::atomic<bool>&, RunContext* context) {
+    return n == 0 || every_run ? LoseStage(registry, stage, workers, context) : absl::OkStatus();
+  };
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
   JobStore store;
-  WorkerRegistry registry(std::chrono::seconds(5));
+  WorkerRegistry registry{std::chrono::seconds(5)};
+};
+
+TEST_F(JobManagerTest, ALostStageGoesToASpareAndOnlyThatStageMoves) {
   AddWorkers(registry, 4);  // three stages and a spare
-  ScriptedRuns runs([&](int n, const std::vector<v1::WorkerInfo>& workers, const std::atomic<bool>&,
-                        RunContext* context) {
-    return n == 0 ? LoseStage(registry, 1, workers, context) : absl::OkStatus();
-  });
+  ScriptedRuns runs(LosesStage(registry, 1));
   JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
   const std::string id = store.Create(Spec(3, 3, 5, false)).id();
   manager.Poke();
@@ -354,14 +364,9 @@ TEST(JobManagerTest, ALostStageGoesToASpareAndOnlyThatStageMoves) {
   EXPECT_EQ(registry.IdleCount(), 3) << "every live worker is free again";
 }
 
-TEST(JobManagerTest, ARecoveringJobWaitsForAnIdleWorkerAndRunsOnWhenOneRegisters) {
-  JobStore store;
-  WorkerRegistry registry(std::chrono::seconds(5));
+TEST_F(JobManagerTest, ARecoveringJobWaitsForAnIdleWorkerAndRunsOnWhenOneRegisters) {
   AddWorkers(registry, 3);  // no spare
-  ScriptedRuns runs([&](int n, const std::vector<v1::WorkerInfo>& workers, const std::atomic<bool>&,
-                        RunContext* context) {
-    return n == 0 ? LoseStage(registry, 2, workers, context) : absl::OkStatus();
-  });
+  ScriptedRuns runs(LosesStage(registry, 2));
   JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
   const std::string id = store.Create(Spec(3, 3, 30, false)).id();
   manager.Poke();
@@ -377,14 +382,9 @@ TEST(JobManagerTest, ARecoveringJobWaitsForAnIdleWorkerAndRunsOnWhenOneRegisters
   EXPECT_EQ(r[1].workers[2].address(), "10.0.1.9:7071");
 }
 
-TEST(JobManagerTest, WithNoSpareAShrinkingJobRunsOnItsSurvivorsWithFewerStages) {
-  JobStore store;
-  WorkerRegistry registry(std::chrono::seconds(5));
+TEST_F(JobManagerTest, WithNoSpareAShrinkingJobRunsOnItsSurvivorsWithFewerStages) {
   AddWorkers(registry, 3);
-  ScriptedRuns runs([&](int n, const std::vector<v1::WorkerInfo>& workers, const std::atomic<bool>&,
-                        RunContext* context) {
-    return n == 0 ? LoseStage(registry, 0, workers, context) : absl::OkStatus();
-  });
+  ScriptedRuns runs(LosesStage(registry, 0));
   JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
   v1::JobSpec spec = Spec(3, 3, 0.3, true);
   spec.mutable_schedule()->set_partition("split");
@@ -406,12 +406,9 @@ TEST(JobManagerTest, WithNoSpareAShrinkingJobRunsOnItsSurvivorsWithFewerStages) 
   EXPECT_EQ(job.restarts(0).stages(), 2);
 }
 
-TEST(JobManagerTest, WithNoSpareAndNoShrinkTheJobFailsNamingBothFixes) {
-  JobStore store;
-  WorkerRegistry registry(std::chrono::seconds(5));
+TEST_F(JobManagerTest, WithNoSpareAndNoShrinkTheJobFailsNamingBothFixes) {
   AddWorkers(registry, 2);
-  ScriptedRuns runs([&](int, const std::vector<v1::WorkerInfo>& workers, const std::atomic<bool>&,
-                        RunContext* context) { return LoseStage(registry, 1, workers, context); });
+  ScriptedRuns runs(LosesStage(registry, 1, /*every_run=*/true));
   JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
   const std::string id = store.Create(Spec(2, 3, 0.3, false)).id();
   manager.Poke();
@@ -423,12 +420,9 @@ TEST(JobManagerTest, WithNoSpareAndNoShrinkTheJobFailsNamingBothFixes) {
   EXPECT_EQ(runs.runs().size(), 1u);
 }
 
-TEST(JobManagerTest, RestartsAreBoundedByMaxRestartsAndZeroTurnsRecoveryOff) {
-  JobStore store;
-  WorkerRegistry registry(std::chrono::seconds(5));
+TEST_F(JobManagerTest, RestartsAreBoundedByMaxRestartsAndZeroTurnsRecoveryOff) {
   AddWorkers(registry, 8);
-  ScriptedRuns runs([&](int, const std::vector<v1::WorkerInfo>& workers, const std::atomic<bool>&,
-                        RunContext* context) { return LoseStage(registry, 0, workers, context); });
+  ScriptedRuns runs(LosesStage(registry, 0, /*every_run=*/true));
   JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
   const std::string bounded = store.Create(Spec(1, 2, 5, false)).id();
   manager.Poke();
@@ -447,9 +441,7 @@ TEST(JobManagerTest, RestartsAreBoundedByMaxRestartsAndZeroTurnsRecoveryOff) {
   EXPECT_EQ(runs.runs().size(), 4u);
 }
 
-TEST(JobManagerTest, AFailureRecoveryCannotHelpEndsTheJobAtOnce) {
-  JobStore store;
-  WorkerRegistry registry(std::chrono::seconds(5));
+TEST_F(JobManagerTest, AFailureRecoveryCannotHelpEndsTheJobAtOnce) {
   AddWorkers(registry, 3);
   ScriptedRuns runs(
       [&](int, const std::vector<v1::WorkerInfo>&, const std::atomic<bool>&, RunContext*) {
@@ -466,9 +458,7 @@ TEST(JobManagerTest, AFailureRecoveryCannotHelpEndsTheJobAtOnce) {
   EXPECT_EQ(registry.IdleCount(), 3);
 }
 
-TEST(JobManagerTest, JobsWaitOldestFirstAndCancelReachesPendingAndRunningJobs) {
-  JobStore store;
-  WorkerRegistry registry(std::chrono::seconds(5));
+TEST_F(JobManagerTest, JobsWaitOldestFirstAndCancelReachesPendingAndRunningJobs) {
   AddWorkers(registry, 2);
   ScriptedRuns runs(
       [&](int, const std::vector<v1::WorkerInfo>&, const std::atomic<bool>& cancel, RunContext*) {
