@@ -525,6 +525,13 @@ void JobRunner::Impl::CommitterLoop() {
 
 absl::Status JobRunner::Impl::PollCheckpoints() {
   std::vector<v1::CheckpointWritten> written(P_);
+  // Stages reach a cut at different moments: remember every cut each one
+  // holds, across polls, and commit the newest that all have written.
+  auto report = [&](int i, const v1::CheckpointWritten& w) {
+    if (w.step() > committed_step_ && w.generation() == r_.context_->generation) {
+      reported_[w.step()][i] = w;
+    }
+  };
   for (int i = 0; i < P_; ++i) {
     v1::StageStatusRequest req;
     req.set_job_id(r_.job_id_);
@@ -538,15 +545,9 @@ absl::Status JobRunner::Impl::PollCheckpoints() {
           StageLabel(i), " could not write its checkpoint: ", resp.checkpoint().error(),
           "; check checkpoint.dir (", checkpoint_dir_, ") is writable from every worker"));
     }
-    written[i] = resp.checkpoint();
-    if (written[i].step() > 0 && written[i].generation() != r_.context_->generation) {
-      written[i].Clear();  // another run's cut (fencing); not this run's to commit
-    }
-  }
-  // Stages report their newest cut; they reach a cut at different moments,
-  // so remember what each reported and commit the newest cut all have.
-  for (int i = 0; i < P_; ++i) {
-    if (written[i].step() > committed_step_) reported_[written[i].step()][i] = written[i];
+    // Another run's cuts (fencing) are not this run's to commit.
+    report(i, resp.checkpoint());
+    for (const auto& held : resp.held()) report(i, held);
   }
   int64_t step = 0;
   for (auto it = reported_.rbegin(); it != reported_.rend(); ++it) {

@@ -667,6 +667,18 @@ v1::StageStatusResponse StageHost::Status() const {
   {
     std::lock_guard<std::mutex> lock(checkpoint_mu_);
     *r.mutable_checkpoint() = checkpoint_written_;
+    for (const RetainedCut& cut : retained_) {
+      v1::CheckpointWritten* held = r.add_held();
+      held->set_step(cut.snapshot->step);
+      held->set_generation(cut.snapshot->generation);
+      for (const WrittenFile& f : cut.files) {
+        v1::CheckpointFile* out = held->add_files();
+        out->set_unit(f.unit);
+        out->set_path(f.path);
+        out->set_bytes(f.bytes);
+        out->set_sha256(f.sha256);
+      }
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   r.set_error(error_);
