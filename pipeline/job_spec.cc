@@ -464,7 +464,43 @@ absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& o) {
   return absl::OkStatus();
 }
 
+absl::Status RequireFiniteFields(const pb::Message& msg, const std::string& path) {
+  const pb::Reflection* r = msg.GetReflection();
+  std::vector<const FD*> fields;
+  r->ListFields(msg, &fields);  // the fields set (repeated: non-empty)
+  for (const FD* f : fields) {
+    const std::string name = path.empty() ? f->name() : absl::StrCat(path, ".", f->name());
+    const int n = f->is_repeated() ? r->FieldSize(msg, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      const std::string at = f->is_repeated() ? absl::StrCat(name, "[", i, "]") : name;
+      double v = 0;
+      switch (f->cpp_type()) {
+        case FD::CPPTYPE_DOUBLE:
+          v = f->is_repeated() ? r->GetRepeatedDouble(msg, f, i) : r->GetDouble(msg, f);
+          break;
+        case FD::CPPTYPE_FLOAT:
+          v = f->is_repeated() ? r->GetRepeatedFloat(msg, f, i) : r->GetFloat(msg, f);
+          break;
+        case FD::CPPTYPE_MESSAGE: {
+          const pb::Message& sub =
+              f->is_repeated() ? r->GetRepeatedMessage(msg, f, i) : r->GetMessage(msg, f);
+          if (auto st = RequireFiniteFields(sub, at); !st.ok()) return st;
+          continue;
+        }
+        default:
+          continue;
+      }
+      if (!std::isfinite(v)) {
+        return Bad(at, absl::StrCat(std::isnan(v) ? "NaN" : (v > 0 ? "+Inf" : "-Inf"),
+                                    " is not a number it can use; give a finite value"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  if (auto st = RequireFiniteFields(spec); !st.ok()) return st;
   static const std::regex kName("[A-Za-z0-9._-]{1,64}");
   if (spec.name().empty()) return Bad("name", "required (1..64 chars of A-Z a-z 0-9 . _ -)");
   if (!std::regex_match(spec.name(), kName)) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "google/protobuf/message.h"
 #include "pipeline/partition.h"
 #include "pipemare/v1/pipemare.pb.h"
 
@@ -28,6 +29,13 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec);
 // Checks required fields, allowed values and ranges of a spec with defaults
 // applied. Does not touch the file system: the coordinator checks the dataset.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// Refuses a NaN or infinite value in any float or double field of `msg`,
+// at any depth (repeated and map entries included), naming the field's path
+// below `path` (e.g. "optimizer.learning_rate", "schedule.split[2]"). Every
+// message that arrives from outside (specs, RPCs) goes through it.
+absl::Status RequireFiniteFields(const google::protobuf::Message& msg,
+                                 const std::string& path = "");
 
 // The optimizer part of ValidateJobSpec (errors name optimizer.*), after
 // defaults; workers check their assignment's optimizer with it too.

@@ -3,10 +3,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace pipemare {
 namespace {
@@ -912,6 +918,69 @@ TEST(JobSpecDataTest, MnistWidthsOnlyConstrainAnMlp) {
     s.mutable_model()->set_type("resnet");
   });
   EXPECT_THAT(std::string(st.message()), ::testing::Not(HasSubstr("MNIST"))) << st;
+}
+
+}  // namespace
+}  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+namespace pb = google::protobuf;
+using FD = pb::FieldDescriptor;
+
+// Every chain of fields from a JobSpec down to a float or double field
+// (through nested and repeated messages; each message type once per chain).
+void FloatFields(const pb::Descriptor* d, std::vector<const FD*>* chain,
+                 std::vector<const pb::Descriptor*>* seen,
+                 std::vector<std::vector<const FD*>>* out) {
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FD* f = d->field(i);
+    chain->push_back(f);
+    if (f->cpp_type() == FD::CPPTYPE_DOUBLE || f->cpp_type() == FD::CPPTYPE_FLOAT) {
+      out->push_back(*chain);
+    } else if (f->cpp_type() == FD::CPPTYPE_MESSAGE && !f->is_map() &&
+               std::find(seen->begin(), seen->end(), f->message_type()) == seen->end()) {
+      seen->push_back(f->message_type());
+      FloatFields(f->message_type(), chain, seen, out);
+      seen->pop_back();
+    }
+    chain->pop_back();
+  }
+}
+
+TEST(JobSpecValidateTest, EveryFloatingPointFieldRefusesNaNAndInfinityNamingItsPath) {
+  std::vector<std::vector<const FD*>> chains;
+  std::vector<const FD*> chain;
+  std::vector<const pb::Descriptor*> seen = {v1::JobSpec::descriptor()};
+  FloatFields(v1::JobSpec::descriptor(), &chain, &seen, &chains);
+  ASSERT_GE(chains.size(), 10u) << "the spec's learning rates, momentum, T1/T2 knobs, ...";
+  for (const double bad : {std::nan(""), std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity()}) {
+    for (const auto& c : chains) {
+      v1::JobSpec spec = ValidSpec();
+      pb::Message* msg = &spec;
+      std::string path;
+      for (size_t i = 0; i < c.size(); ++i) {
+        const FD* f = c[i];
+        const pb::Reflection* r = msg->GetReflection();
+        absl::StrAppend(&path, path.empty() ? "" : ".", f->name());
+        if (f->is_repeated()) absl::StrAppend(&path, "[", r->FieldSize(*msg, f), "]");
+        if (i + 1 < c.size()) {
+          msg = f->is_repeated() ? r->AddMessage(msg, f) : r->MutableMessage(msg, f);
+        } else if (f->cpp_type() == FD::CPPTYPE_DOUBLE) {
+          f->is_repeated() ? r->AddDouble(msg, f, bad) : r->SetDouble(msg, f, bad);
+        } else {
+          const float v = static_cast<float>(bad);
+          f->is_repeated() ? r->AddFloat(msg, f, v) : r->SetFloat(msg, f, v);
+        }
+      }
+      const absl::Status st = ValidateJobSpec(spec);
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << path << " = " << bad;
+      EXPECT_THAT(std::string(st.message()), HasSubstr(path + ": ")) << st;
+      EXPECT_THAT(std::string(st.message()), HasSubstr("give a finite value")) << st;
+    }
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "pipeline/job_spec.h"
 #include "pipeline/model.h"
 
 namespace pipemare {
@@ -18,6 +19,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
   if (request->job_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
   }
+  if (auto st = RequireFiniteFields(*request); !st.ok()) return ToGrpc(st);
   std::shared_ptr<StageHost> old;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -3,7 +3,9 @@
 // the client's checks); the coordinator keeps serving. Label: multiprocess.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -201,6 +203,53 @@ TEST(BadInput, WorkerRejectsMalformedTensorsWithoutCrashing) {
   auto sctx = ContextWithDeadline(10);
   ASSERT_TRUE(stub->GetStageStatus(sctx.get(), sreq, &sresp).ok());
   EXPECT_TRUE(absl::StrContains(sresp.error(), "truncated")) << sresp.error();
+}
+
+TEST(BadInput, NonFiniteNumbersAreRefusedByCoordinatorAndWorkerNamingTheField) {
+  // Through the raw RPCs (pipemarectl's YAML parser refuses .nan itself):
+  // before, a NaN momentum, dropout or warm-up was accepted.
+  Cluster cluster(1);
+  ASSERT_TRUE(cluster.ok());
+  auto coordinator = v1::Coordinator::NewStub(MakeChannel(cluster.address()));
+  v1::SubmitJobRequest req;
+  auto* s = req.mutable_spec();
+  s->set_name("nan");
+  s->mutable_model()->set_type("mlp");
+  for (int w : {784, 64, 10}) s->mutable_model()->add_layers(w);
+  s->mutable_data()->set_type("mnist");
+  s->mutable_data()->set_path(MnistDir());
+  s->mutable_optimizer()->set_lr(0.05);
+  s->mutable_optimizer()->set_momentum(std::nan(""));
+  s->mutable_schedule()->set_type("pipemare");
+  s->mutable_schedule()->set_stages(1);
+  s->mutable_train()->set_epochs(1);
+  v1::SubmitJobResponse resp;
+  auto ctx = ContextWithDeadline(10);
+  grpc::Status st = coordinator->SubmitJob(ctx.get(), req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "optimizer.momentum: NaN"))
+      << st.error_message();
+
+  auto worker = v1::StageWorker::NewStub(MakeChannel(cluster.Workers().workers(0).address()));
+  v1::StageAssignment a;
+  a.set_job_id("inf-job");
+  a.set_num_stages(1);
+  a.set_units(2);
+  a.mutable_model()->set_type("mlp");
+  for (int w : {4, 3, 2}) a.mutable_model()->add_layers(w);
+  a.mutable_optimizer()->set_type("sgd");
+  a.mutable_optimizer()->set_lr(std::numeric_limits<double>::infinity());
+  a.mutable_schedule()->set_type("pipemare");
+  a.mutable_schedule()->set_microbatches_per_step(1);
+  a.set_steps_per_epoch(1);
+  v1::LoadStageResponse load;
+  auto lctx = ContextWithDeadline(10);
+  st = worker->LoadStage(lctx.get(), a, &load);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "optimizer.lr: +Inf")) << st.error_message();
+  EXPECT_TRUE(cluster.coordinator().Running());
+  EXPECT_TRUE(cluster.worker(0).Running());
+  EXPECT_EQ(cluster.CountWorkers(v1::IDLE), 1);
 }
 
 }  // namespace
