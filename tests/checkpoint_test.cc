@@ -80,19 +80,9 @@ TEST(Checkpoint, ExportLoadsInPlainPyTorchAtTheJobsAccuracy) {
   ASSERT_TRUE(fs::exists(out + ".json"));
 
   // Plain PyTorch: torch.load, load_state_dict(strict=True), the test split.
-  auto eval = pipemare::testing::Run(
-      {"/usr/bin/python3", std::string(PIPEMARE_SOURCE_DIR) + "/examples/export_eval.py", out},
-      300);
-  ASSERT_EQ(eval.exit_code, 0) << eval.out << eval.err;
-  const size_t at = eval.out.find("\"test_accuracy\": ");
-  ASSERT_NE(at, std::string::npos) << eval.out;
-  double python_accuracy = 0;
-  ASSERT_TRUE(absl::SimpleAtod(eval.out.substr(at + 17, eval.out.find(',', at) - at - 17),
-                               &python_accuracy))
-      << eval.out;
   EXPECT_GT(job.metrics().test_accuracy(), 0.85) << "a real model was trained";
-  EXPECT_NEAR(python_accuracy, job.metrics().test_accuracy(), 0.001)
-      << "the exported weights are the ones the job evaluated: " << eval.out;
+  EXPECT_NEAR(PythonTestAccuracy(out), job.metrics().test_accuracy(), 0.001)
+      << "the exported weights are the ones the job evaluated";
 }
 
 TEST(Checkpoint, ADamagedNewestCheckpointIsDetectedAndThePreviousOneUsed) {

@@ -1,11 +1,13 @@
 #include "tests/cluster.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <iostream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -156,6 +158,21 @@ schedule: {type: )",
 train: {epochs: )",
                       epochs, R"(, seed: 3}
 )");
+}
+
+double PythonTestAccuracy(const std::string& exported) {
+  auto eval = Run(
+      {"/usr/bin/python3", std::string(PIPEMARE_SOURCE_DIR) + "/examples/export_eval.py", exported},
+      300);
+  const size_t at = eval.out.find("\"test_accuracy\": ");
+  double accuracy = -1;
+  if (eval.exit_code != 0 || at == std::string::npos ||
+      !absl::SimpleAtod(eval.out.substr(at + 17, eval.out.find(',', at) - at - 17), &accuracy)) {
+    ADD_FAILURE() << "examples/export_eval.py " << exported << ": exit " << eval.exit_code << "\n"
+                  << eval.out << eval.err;
+    return -1;
+  }
+  return accuracy;
 }
 
 }  // namespace pipemare::testing

@@ -74,6 +74,11 @@ bool ParseJson(const std::string& json, M* msg) {
   return google::protobuf::util::JsonStringToMessage(json, msg, options).ok();
 }
 
+// Loads an export (`pipemarectl export --out FILE`) into plain PyTorch with
+// examples/export_eval.py, evaluates the job's test split and returns the
+// accuracy it printed; a test failure and -1 when it cannot.
+double PythonTestAccuracy(const std::string& exported);
+
 // A short MNIST job spec in YAML (real data, a few hundred steps).
 std::string ShortSpec(const std::string& name, const std::string& schedule, int stages,
                       int64_t train_limit, int epochs = 1);

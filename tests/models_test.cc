@@ -158,16 +158,8 @@ train: {epochs: 2, seed: 1}
   ASSERT_EQ(exported.exit_code, 0) << exported.err << cluster.Logs();
   EXPECT_TRUE(absl::StrContains(ReadFile(out + ".json"), "\"torchscript\""))
       << ReadFile(out + ".json");
-  auto eval = pipemare::testing::Run(
-      {"/usr/bin/python3", std::string(PIPEMARE_SOURCE_DIR) + "/examples/export_eval.py", out},
-      300);
-  ASSERT_EQ(eval.exit_code, 0) << eval.out << eval.err;
-  const size_t at = eval.out.find("\"test_accuracy\": ");
-  ASSERT_NE(at, std::string::npos) << eval.out;
-  const double python_accuracy =
-      std::stod(eval.out.substr(at + 17, eval.out.find(',', at) - at - 17));
-  EXPECT_NEAR(python_accuracy, job.metrics().test_accuracy(), 0.001)
-      << "the exported module holds the weights the job evaluated: " << eval.out;
+  EXPECT_NEAR(PythonTestAccuracy(out), job.metrics().test_accuracy(), 0.001)
+      << "the exported module holds the weights the job evaluated";
 }
 
 // CIFAR-10 binary batches whose label shows in the image: class c is a
