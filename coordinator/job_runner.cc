@@ -104,6 +104,8 @@ class JobRunner::Impl {
   absl::Status WaitUntil(const std::function<bool()>& done);
   void Handle(const FeedEvent& e);
   void Publish(bool force);
+  // Stage i's GetStageStatus (3 s deadline), telling it the committed step.
+  grpc::Status StageStatus(int i, v1::StageStatusResponse* resp);
   void PollStages();
   // Checkpoints: asks every stage which cut it has written last; when all
   // have written the same one, newer than the last committed, verifies the
@@ -462,14 +464,18 @@ void JobRunner::Impl::Publish(bool force) {
       .IgnoreError();
 }
 
+grpc::Status JobRunner::Impl::StageStatus(int i, v1::StageStatusResponse* resp) {
+  v1::StageStatusRequest req;
+  req.set_job_id(r_.job_id_);
+  req.set_committed_step(committed_step_.load());
+  auto ctx = ContextWithDeadline(3);
+  return stubs_[i]->GetStageStatus(ctx.get(), req, resp);
+}
+
 void JobRunner::Impl::PollStages() {
   for (int i = 0; i < P_; ++i) {
-    v1::StageStatusRequest req;
-    req.set_job_id(r_.job_id_);
-    req.set_committed_step(committed_step_.load());
     v1::StageStatusResponse resp;
-    auto ctx = ContextWithDeadline(3);
-    if (!stubs_[i]->GetStageStatus(ctx.get(), req, &resp).ok()) continue;
+    if (!StageStatus(i, &resp).ok()) continue;
     r_.store_
         ->Update(r_.job_id_,
                  [&](v1::JobStatus& s) {
@@ -533,12 +539,8 @@ absl::Status JobRunner::Impl::PollCheckpoints() {
     }
   };
   for (int i = 0; i < P_; ++i) {
-    v1::StageStatusRequest req;
-    req.set_job_id(r_.job_id_);
-    req.set_committed_step(committed_step_.load());
     v1::StageStatusResponse resp;
-    auto ctx = ContextWithDeadline(3);
-    if (!stubs_[i]->GetStageStatus(ctx.get(), req, &resp).ok()) return absl::OkStatus();
+    if (!StageStatus(i, &resp).ok()) return absl::OkStatus();
     if (!resp.checkpoint().error().empty()) {
       // The operator's to fix, not a lost worker's: no recovery.
       return absl::FailedPreconditionError(absl::StrCat(
@@ -596,12 +598,8 @@ absl::Status JobRunner::Impl::PollCheckpoints() {
   // Tell the stages at once (not at the next poll): each keeps the
   // committed cut in memory for a recovery and lets older ones go.
   for (int i = 0; i < P_; ++i) {
-    v1::StageStatusRequest req;
-    req.set_job_id(r_.job_id_);
-    req.set_committed_step(step);
     v1::StageStatusResponse resp;
-    auto ctx = ContextWithDeadline(3);
-    (void)stubs_[i]->GetStageStatus(ctx.get(), req, &resp);
+    (void)StageStatus(i, &resp);
   }
   const std::string manifest =
       CheckpointStepDir(checkpoint_dir_, r_.job_id_, step) + "/manifest.json";

@@ -118,6 +118,19 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
 
 StageHost::~StageHost() { Stop(); }
 
+namespace {
+// What a stage reports of the files a cut became.
+void AddFiles(const std::vector<WrittenFile>& files, v1::CheckpointWritten* out) {
+  for (const WrittenFile& f : files) {
+    v1::CheckpointFile* file = out->add_files();
+    file->set_unit(f.unit);
+    file->set_path(f.path);
+    file->set_bytes(f.bytes);
+    file->set_sha256(f.sha256);
+  }
+}
+}  // namespace
+
 const UnitState* FindRetainedUnit(const std::vector<RetainedCut>* memory,
                                   const v1::CheckpointFile& file) {
   if (memory == nullptr) return nullptr;
@@ -225,15 +238,9 @@ void StageHost::CheckpointLoop() {
     // them restores this stage without reading disk.
     retained_.push_back(RetainedCut{snapshot, *files});
     PruneRetainedLocked();
+    AddFiles(*files, &checkpoint_written_);
     int64_t bytes = 0;
-    for (const WrittenFile& f : *files) {
-      auto* out = checkpoint_written_.add_files();
-      out->set_unit(f.unit);
-      out->set_path(f.path);
-      out->set_bytes(f.bytes);
-      out->set_sha256(f.sha256);
-      bytes += f.bytes;
-    }
+    for (const WrittenFile& f : *files) bytes += f.bytes;
     metrics_->checkpoint_write_seconds->Observe(SecondsSince(start));
     metrics_->checkpoint_bytes->Increment(static_cast<double>(bytes));
     LogInfo(ForStage(assignment_.job_id(), assignment_.stage()),
@@ -671,13 +678,7 @@ v1::StageStatusResponse StageHost::Status() const {
       v1::CheckpointWritten* held = r.add_held();
       held->set_step(cut.snapshot->step);
       held->set_generation(cut.snapshot->generation);
-      for (const WrittenFile& f : cut.files) {
-        v1::CheckpointFile* out = held->add_files();
-        out->set_unit(f.unit);
-        out->set_path(f.path);
-        out->set_bytes(f.bytes);
-        out->set_sha256(f.sha256);
-      }
+      AddFiles(cut.files, held);
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
