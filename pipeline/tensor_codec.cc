@@ -50,6 +50,10 @@ absl::StatusOr<int64_t> ElementCount(const google::protobuf::RepeatedField<int64
 }
 
 absl::Status ValidateTensor(const v1::Tensor& tensor) {
+  return ValidateTensorLayout(tensor, static_cast<int64_t>(tensor.data().size()));
+}
+
+absl::Status ValidateTensorLayout(const v1::Tensor& tensor, int64_t data_bytes) {
   const int size = ElementSize(tensor.dtype());
   if (size == 0) {
     return absl::InvalidArgumentError(
@@ -66,11 +70,10 @@ absl::Status ValidateTensor(const v1::Tensor& tensor) {
     return absl::InvalidArgumentError("tensor.shape: byte count overflows");
   }
   const int64_t expected = *n * size;
-  if (static_cast<int64_t>(tensor.data().size()) != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor.data: ", tensor.data().size(), " bytes but shape and dtype need ", expected,
-        tensor.data().size() < static_cast<size_t>(expected) ? " (truncated payload)"
-                                                             : " (size/shape mismatch)"));
+  if (data_bytes != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor.data: ", data_bytes, " bytes but shape and dtype need ", expected,
+                     data_bytes < expected ? " (truncated payload)" : " (size/shape mismatch)"));
   }
   return absl::OkStatus();
 }

@@ -25,6 +25,9 @@ absl::StatusOr<int64_t> ElementCount(const google::protobuf::RepeatedField<int64
 // dimensions, and data.size() == elements * ElementSize(dtype). The message
 // says which of these broke, with the numbers.
 absl::Status ValidateTensor(const v1::Tensor& tensor);
+// The same checks for a tensor whose data travels apart from it (the Pipe
+// stream's payload slices): `data_bytes` stands for data().size().
+absl::Status ValidateTensorLayout(const v1::Tensor& tensor, int64_t data_bytes);
 
 // Builders for the coordinator's data feed.
 v1::Tensor MakeFloat32Tensor(const float* data, const std::vector<int64_t>& shape);

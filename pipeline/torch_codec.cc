@@ -7,7 +7,6 @@
 #include "pipeline/tensor_codec.h"
 
 namespace pipemare {
-namespace {
 
 std::optional<torch::ScalarType> TorchType(v1::DType dtype) {
   switch (dtype) {
@@ -31,8 +30,6 @@ std::optional<torch::ScalarType> TorchType(v1::DType dtype) {
       return std::nullopt;
   }
 }
-
-}  // namespace
 
 v1::DType WireDType(torch::ScalarType type) {
   switch (type) {

@@ -41,6 +41,8 @@ std::optional<torch::ScalarType> WireScalarType(const std::string& wire_dtype);
 
 // The wire dtype of a torch scalar type, or DTYPE_UNSPECIFIED.
 v1::DType WireDType(torch::ScalarType type);
+// The torch scalar type of a wire dtype, or nullopt.
+std::optional<torch::ScalarType> TorchType(v1::DType dtype);
 
 }  // namespace pipemare
 
