@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/pipe_stream.h"
 #include "common/rpc.h"
 #include "google/protobuf/util/json_util.h"
 #include "pipeline/checkpoint.h"
@@ -27,7 +28,6 @@
 namespace pipemare {
 
 using Clock = std::chrono::steady_clock;
-using FeedStream = grpc::ClientReaderWriter<v1::StageMessage, v1::StageMessage>;
 
 JobRunner::JobRunner(std::string job_id, v1::JobSpec spec, std::vector<v1::WorkerInfo> workers,
                      JobStore* store, WorkerRegistry* registry, const std::atomic<bool>* cancel,
@@ -79,17 +79,19 @@ class JobRunner::Impl {
     v1::MicrobatchResult result;
     std::string error;
   };
+  // A feed is a Pipe stream (common/pipe_stream.h); what it sends back
+  // becomes FeedEvents from gRPC's threads.
   struct Feed {
-    grpc::ClientContext context;
-    std::unique_ptr<FeedStream> stream;
-    std::thread reader;
-    std::mutex write_mu;
+    std::shared_ptr<PipeStream> stream;
+    std::string what;  // "input feed to stage 0 (worker ...)"
   };
 
   // Loads every stage, last first (each opens its stream to the next).
   absl::Status LoadStages(std::vector<v1::StageAssignment> assignments);
   absl::Status OpenFeed(Feed& feed, int stage, v1::StreamOpen::Role role);
-  void ReadFeed(Feed* feed, const std::string& what);
+  // A feed's reaction to what a stage sent (never blocks).
+  void OnFeedMessage(const std::string& what, absl::StatusOr<PipeMessage> m);
+  void PushEvent(FeedEvent e);
   void CloseFeeds();
   void ReleaseStages();
   absl::Status SendMicrobatch(const Examples& data, const std::vector<int64_t>& order,
@@ -139,6 +141,7 @@ class JobRunner::Impl {
   const JobRunner& r_;
   const v1::JobSpec& spec_;
   const int P_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::StageWorker::Stub>> stubs_;
   Feed input_feed_, target_feed_;
   bool feeds_open_ = false;
@@ -227,25 +230,39 @@ absl::Status JobRunner::Impl::LoadStages(std::vector<v1::StageAssignment> assign
 }
 
 absl::Status JobRunner::Impl::OpenFeed(Feed& feed, int stage, v1::StreamOpen::Role role) {
-  feed.stream = stubs_[stage]->Pipe(&feed.context);
   v1::StageMessage open;
   open.mutable_open()->set_job_id(r_.job_id_);
   open.mutable_open()->set_role(role);
   open.mutable_open()->set_from_stage(-1);
   open.mutable_open()->set_generation(r_.context_->generation);
-  if (!feed.stream->Write(open)) {
-    return absl::UnavailableError(absl::StrCat("cannot open the data feed to ", StageLabel(stage)));
-  }
-  const std::string what = absl::StrCat(role == v1::StreamOpen::INPUT_FEED ? "input" : "target",
-                                        " feed to ", StageLabel(stage));
-  feed.reader = std::thread([this, f = &feed, what] { ReadFeed(f, what); });
+  feed.what = absl::StrCat(role == v1::StreamOpen::INPUT_FEED ? "input" : "target", " feed to ",
+                           StageLabel(stage));
+  PipeStream::Callbacks callbacks;
+  callbacks.on_message = [this, what = feed.what](absl::StatusOr<PipeMessage> m) {
+    OnFeedMessage(what, std::move(m));
+    return true;  // results and acks are small and bounded by the window
+  };
+  callbacks.on_end = [this, what = feed.what](const grpc::Status& st) {
+    FeedEvent e;
+    e.kind = FeedEvent::kError;
+    e.error =
+        absl::StrCat("lost the ", what, st.ok() ? "" : absl::StrCat(": ", st.error_message()));
+    PushEvent(std::move(e));
+  };
+  // Sends queue behind at most the in-flight window.
+  const size_t capacity =
+      static_cast<size_t>(std::max(P_, 2 * spec_.schedule().microbatches_per_step())) + 2;
+  feed.stream = OpenPipe(channels_[stage], EncodePipeMessage(open), std::move(callbacks), capacity);
   return absl::OkStatus();
 }
 
-void JobRunner::Impl::ReadFeed(Feed* feed, const std::string& what) {
-  v1::StageMessage msg;
-  while (feed->stream->Read(&msg)) {
-    FeedEvent e;
+void JobRunner::Impl::OnFeedMessage(const std::string& what, absl::StatusOr<PipeMessage> m) {
+  FeedEvent e;
+  e.kind = FeedEvent::kError;
+  if (!m.ok()) {
+    e.error = absl::StrCat(what, ": ", m.status().message());
+  } else {
+    const v1::StageMessage& msg = m->message;
     e.microbatch = msg.microbatch();
     e.phase = msg.phase();
     if (msg.has_done()) {
@@ -254,21 +271,15 @@ void JobRunner::Impl::ReadFeed(Feed* feed, const std::string& what) {
       e.kind = FeedEvent::kResult;
       e.result = msg.result();
     } else if (msg.has_error()) {
-      e.kind = FeedEvent::kError;
       e.error = msg.error().message();
     } else {
-      e.kind = FeedEvent::kError;
       e.error = absl::StrCat(what, " sent an unexpected message");
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      events_.push_back(std::move(e));
-    }
-    cv_.notify_all();
   }
-  FeedEvent e;
-  e.kind = FeedEvent::kError;
-  e.error = absl::StrCat("lost the ", what);
+  PushEvent(std::move(e));
+}
+
+void JobRunner::Impl::PushEvent(FeedEvent e) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(std::move(e));
@@ -279,8 +290,7 @@ void JobRunner::Impl::ReadFeed(Feed* feed, const std::string& what) {
 void JobRunner::Impl::CloseFeeds() {
   for (Feed* f : {&input_feed_, &target_feed_}) {
     if (!f->stream) continue;
-    f->context.TryCancel();
-    if (f->reader.joinable()) f->reader.join();
+    f->stream->CloseAndWait();  // after it, no event from this feed
     f->stream.reset();
   }
 }
@@ -312,35 +322,40 @@ absl::Status JobRunner::Impl::SendMicrobatch(const Examples& data,
                                              int64_t count, uint64_t id, v1::Phase phase) {
   const int64_t in_size = data.InputSize(), target_size = data.TargetSize();
   const bool tokens = data.token_input();
-  std::vector<float> x(tokens ? 0 : count * in_size);
-  std::vector<int64_t> t(tokens ? count * in_size : 0);
-  std::vector<int64_t> y(count * target_size);
+  // The feed sends these buffers as they are (common/pipe_wire.h): each
+  // message's payload slice keeps its buffer until gRPC has written it.
+  auto x = std::make_shared<std::vector<float>>(tokens ? 0 : count * in_size);
+  auto t = std::make_shared<std::vector<int64_t>>(tokens ? count * in_size : 0);
+  auto y = std::make_shared<std::vector<int64_t>>(count * target_size);
   for (int64_t j = 0; j < count; ++j) {
     const int64_t src = order.empty() ? begin + j : order[begin + j];
     if (tokens) {
-      std::copy_n(data.tokens.data() + src * in_size, in_size, t.data() + j * in_size);
+      std::copy_n(data.tokens.data() + src * in_size, in_size, t->data() + j * in_size);
     } else {
-      std::copy_n(data.inputs.data() + src * in_size, in_size, x.data() + j * in_size);
+      std::copy_n(data.inputs.data() + src * in_size, in_size, x->data() + j * in_size);
     }
-    std::copy_n(data.targets.data() + src * target_size, target_size, y.data() + j * target_size);
+    std::copy_n(data.targets.data() + src * target_size, target_size, y->data() + j * target_size);
   }
-  std::vector<int64_t> x_shape = {count}, y_shape = {count};
-  x_shape.insert(x_shape.end(), data.input_shape.begin(), data.input_shape.end());
-  y_shape.insert(y_shape.end(), data.target_shape.begin(), data.target_shape.end());
   v1::StageMessage targets;
   targets.set_microbatch(id);
   targets.set_phase(phase);
-  *targets.mutable_targets() = MakeInt64Tensor(y.data(), y_shape);
+  targets.mutable_targets()->set_dtype(v1::INT64);
+  targets.mutable_targets()->add_shape(count);
+  for (int64_t d : data.target_shape) targets.mutable_targets()->add_shape(d);
   v1::StageMessage input;
   input.set_microbatch(id);
   input.set_phase(phase);
-  *input.mutable_activation() =
-      tokens ? MakeInt64Tensor(t.data(), x_shape) : MakeFloat32Tensor(x.data(), x_shape);
+  input.mutable_activation()->set_dtype(tokens ? v1::INT64 : v1::FLOAT32);
+  input.mutable_activation()->add_shape(count);
+  for (int64_t d : data.input_shape) input.mutable_activation()->add_shape(d);
+  WirePayload in_payload = tokens ? WirePayload{t->data(), t->size() * sizeof(int64_t), t}
+                                  : WirePayload{x->data(), x->size() * sizeof(float), x};
   // Targets first, so the last stage has them when the activation arrives.
-  if (!target_feed_.stream->Write(targets)) {
+  if (!target_feed_.stream->Send(
+          EncodePipeMessage(targets, {y->data(), y->size() * sizeof(int64_t), y}))) {
     return absl::UnavailableError(absl::StrCat("lost the target feed to ", StageLabel(P_ - 1)));
   }
-  if (!input_feed_.stream->Write(input)) {
+  if (!input_feed_.stream->Send(EncodePipeMessage(input, std::move(in_payload)))) {
     return absl::UnavailableError(absl::StrCat("lost the input feed to ", StageLabel(0)));
   }
   return absl::OkStatus();
@@ -838,7 +853,8 @@ absl::StatusOr<std::vector<v1::StageAssignment>> JobRunner::Impl::PlanRun() {
   const int N = sched.microbatches_per_step();
   const int64_t mbs = sched.microbatch_size();
   for (int i = 0; i < P_; ++i) {
-    stubs_.push_back(v1::StageWorker::NewStub(MakeChannel(r_.workers_[i].address())));
+    channels_.push_back(MakeChannel(r_.workers_[i].address()));
+    stubs_.push_back(v1::StageWorker::NewStub(channels_.back()));
   }
   auto data = LoadData(spec_.data());
   if (!data.ok()) return absl::InvalidArgumentError(data.status().message());

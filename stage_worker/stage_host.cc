@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/rpc.h"
 #include "pipeline/torch_codec.h"
+#include "stage_worker/tensor_wire.h"
 
 namespace pipemare {
 namespace {
@@ -76,16 +77,6 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
   const size_t window =
       static_cast<size_t>(std::max(a.num_stages(), 2 * a.schedule().microbatches_per_step())) + 2;
   host->inbox_capacity_ = window;
-  for (Side side : {Side::kUpstream, Side::kDownstream, Side::kTargets}) {
-    StageHost* h = host.get();
-    host->outbox_[static_cast<int>(side)] = std::make_unique<Outbox>(
-        window, [h, side](const v1::StageMessage& m) { return h->WriteNow(side, m); },
-        [h, side] {
-          h->Fail(absl::StrCat("stage ", h->assignment_.stage(), " (", h->self_address_,
-                               "): lost its ", h->SideName(side), " while sending"),
-                  side);
-        });
-  }
   if (!host->runtime_->is_last()) {
     if (a.downstream_address().empty()) {
       return absl::InvalidArgumentError(
@@ -97,19 +88,20 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
       return absl::UnavailableError(absl::StrCat("cannot reach downstream stage ", a.stage() + 1,
                                                  " at ", a.downstream_address()));
     }
-    host->downstream_stub_ = v1::StageWorker::NewStub(channel);
-    host->downstream_ = host->downstream_stub_->Pipe(&host->downstream_context_);
     v1::StageMessage open;
     open.mutable_open()->set_job_id(a.job_id());
     open.mutable_open()->set_role(v1::StreamOpen::PEER);
     open.mutable_open()->set_from_stage(a.stage());
     open.mutable_open()->set_generation(a.generation());
-    if (!host->downstream_->Write(open)) {
-      return absl::UnavailableError(absl::StrCat("downstream stage ", a.stage() + 1, " at ",
-                                                 a.downstream_address(),
-                                                 " closed the stream on open"));
-    }
-    host->downstream_reader_ = std::thread([h = host.get()] { h->DownstreamReadLoop(); });
+    StageHost* h = host.get();
+    PipeStream::Callbacks callbacks;
+    callbacks.on_message = [h](absl::StatusOr<PipeMessage> m) {
+      return h->OnMessage(Side::kDownstream, std::move(m));
+    };
+    callbacks.on_end = [h](const grpc::Status& st) { h->OnStreamEnd(Side::kDownstream, st); };
+    auto link = OpenPipe(channel, EncodePipeMessage(open), std::move(callbacks), window);
+    std::lock_guard<std::mutex> lock(host->mu_);
+    host->link_[static_cast<int>(Side::kDownstream)] = std::move(link);
   }
   host->checkpoint_thread_ = std::thread([h = host.get()] { h->CheckpointLoop(); });
   host->compute_thread_ = std::thread([h = host.get()] { h->ComputeLoop(); });
@@ -174,25 +166,18 @@ std::vector<RetainedCut> StageHost::Retained() const {
 
 void StageHost::Stop() {
   stopping_ = true;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (upstream_context_) upstream_context_->TryCancel();
-    if (targets_context_) targets_context_->TryCancel();
-  }
   cv_.notify_all();
   {
     std::lock_guard<std::mutex> lock(checkpoint_mu_);  // no lost wake-up in QueueCut
   }
   checkpoint_cv_.notify_all();
-  if (downstream_) downstream_context_.TryCancel();
-  for (auto& outbox : outbox_) {
-    if (outbox) outbox->Close();
+  // After this no stream calls into the host (a compute thread blocked in
+  // a full stream's Send is released too).
+  for (int side = 0; side < kSides; ++side) {
+    if (auto link = Link(static_cast<Side>(side))) link->CloseAndWait();
   }
   if (compute_thread_.joinable() && compute_thread_.get_id() != std::this_thread::get_id()) {
     compute_thread_.join();
-  }
-  if (downstream_reader_.joinable() && downstream_reader_.get_id() != std::this_thread::get_id()) {
-    downstream_reader_.join();
   }
   {
     std::lock_guard<std::mutex> lock(checkpoint_mu_);
@@ -249,8 +234,7 @@ void StageHost::CheckpointLoop() {
   }
 }
 
-grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
-                              const v1::StreamOpen& open) {
+grpc::Status StageHost::Attach(const v1::StreamOpen& open, std::shared_ptr<PipeStream> stream) {
   const int stage = assignment_.stage();
   if (open.generation() != assignment_.generation()) {
     // Fencing: a stage or feed of another run of this job (cut off, then
@@ -292,113 +276,110 @@ grpc::Status StageHost::Serve(grpc::ServerContext* context, PipeStream* stream,
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "open.role: must be PEER, INPUT_FEED or TARGET_FEED");
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    PipeStream*& slot = side == Side::kTargets ? targets_stream_ : upstream_;
-    if (slot != nullptr) {
-      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                          "this stage already has that stream attached");
-    }
-    if (stopping_) return grpc::Status(grpc::StatusCode::CANCELLED, "stage is stopping");
-    slot = stream;
-    (side == Side::kTargets ? targets_context_ : upstream_context_) = context;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<PipeStream>& slot = link_[static_cast<int>(side)];
+  if (slot != nullptr) {
+    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                        "this stage already has that stream attached");
   }
-  v1::StageMessage msg;
-  std::string why;
-  while (!stopping_ && stream->Read(&msg)) {
-    if (msg.has_error()) {
-      Fail(msg.error().message(), side);
-      break;
-    }
-    if (side == Side::kTargets) {
-      if (!msg.has_targets()) {
-        why = "the target feed may only carry targets";
-        break;
-      }
-      auto t = TakeTorch(msg.mutable_targets());
-      if (!t.ok()) {
-        why = absl::StrCat("targets of microbatch ", msg.microbatch(), ": ", t.status().message());
-        break;
-      }
-      metrics_->received_targets_bytes->Increment(t->nbytes());
-      std::lock_guard<std::mutex> lock(mu_);
-      targets_[msg.microbatch()] = *t;
-    } else {
-      if (!msg.has_activation()) {
-        why = "an upstream stream may only carry activations";
-        break;
-      }
-      const int64_t bytes = msg.activation().data().size();
-      // Stage 0's input feed is float32 already; peers may send a wire dtype.
-      auto t = TakeTorch(msg.mutable_activation(), ReceiveAs());
-      if (!t.ok()) {
-        why =
-            absl::StrCat("activation of microbatch ", msg.microbatch(), ": ", t.status().message());
-        break;
-      }
-      metrics_->received_activation_bytes->Increment(bytes);
-      std::unique_lock<std::mutex> lock(mu_);
-      // A full inbox stops reading: backpressure on the sender.
-      cv_.wait(lock, [&] { return stopping_ || failed_ || activations_.size() < inbox_capacity_; });
-      activations_.push_back(Event{false, msg.microbatch(), msg.phase(), *t});
-    }
-    cv_.notify_all();
+  if (stopping_ || failed_) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "stage is stopping");
   }
-  if (!why.empty()) {
-    Fail(absl::StrCat("stage ", stage, " (", self_address_, "): bad message: ", why), side);
-  } else if (!stopping_ && !failed_) {
-    Fail(absl::StrCat("stage ", stage, " (", self_address_, "): lost its ", SideName(side)), side);
-  }
-  {
-    std::lock_guard<std::mutex> write_lock(write_mu_[static_cast<int>(side)]);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (side == Side::kTargets) {
-      targets_stream_ = nullptr;
-      targets_context_ = nullptr;
-    } else {
-      upstream_ = nullptr;
-      upstream_context_ = nullptr;
-    }
-  }
-  cv_.notify_all();
-  if (!why.empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, why);
+  PipeStream::Callbacks callbacks;
+  callbacks.on_message = [this, side](absl::StatusOr<PipeMessage> m) {
+    return OnMessage(side, std::move(m));
+  };
+  callbacks.on_end = [this, side](const grpc::Status& st) { OnStreamEnd(side, st); };
+  stream->SetCallbacks(std::move(callbacks), inbox_capacity_);
+  slot = std::move(stream);
   return grpc::Status::OK;
 }
 
-void StageHost::DownstreamReadLoop() {
-  v1::StageMessage msg;
-  while (downstream_->Read(&msg)) {
-    if (msg.has_error()) {
-      Fail(msg.error().message(), Side::kDownstream);
-      break;
+bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
+  const int stage = assignment_.stage();
+  std::string why;
+  if (!message.ok()) {
+    why = std::string(message.status().message());
+  } else if (message->message.has_error()) {
+    Fail(message->message.error().message(), side);
+    return false;
+  } else if (side == Side::kDownstream) {
+    if (!message->message.has_gradient()) {
+      why = "downstream sent something that is not a gradient";
+    } else {
+      auto t = FromWire(*message, ReceiveAs());
+      if (!t.ok()) {
+        why = absl::StrCat("gradient of microbatch ", message->message.microbatch(), ": ",
+                           t.status().message());
+      } else {
+        metrics_->received_gradient_bytes->Increment(message->data_size);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          gradients_.push_back(Event{true, message->message.microbatch(), v1::TRAIN, *t});
+        }
+        cv_.notify_all();
+        return true;
+      }
     }
-    if (!msg.has_gradient()) {
-      Fail(absl::StrCat("stage ", assignment_.stage(),
-                        ": downstream sent something that is not a gradient"),
-           Side::kDownstream);
-      break;
+  } else if (side == Side::kTargets) {
+    if (!message->message.has_targets()) {
+      why = "the target feed may only carry targets";
+    } else {
+      auto t = FromWire(*message);
+      if (!t.ok()) {
+        why = absl::StrCat("targets of microbatch ", message->message.microbatch(), ": ",
+                           t.status().message());
+      } else {
+        metrics_->received_targets_bytes->Increment(t->nbytes());
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          targets_[message->message.microbatch()] = *t;
+        }
+        cv_.notify_all();
+        return true;
+      }
     }
-    const int64_t bytes = msg.gradient().data().size();
-    auto t = TakeTorch(msg.mutable_gradient(), ReceiveAs());
+  } else if (!message->message.has_activation()) {
+    why = "an upstream stream may only carry activations";
+  } else {
+    // Stage 0's input feed is float32 already; peers may send a wire dtype.
+    auto t = FromWire(*message, ReceiveAs());
     if (!t.ok()) {
-      Fail(absl::StrCat("stage ", assignment_.stage(), ": gradient of microbatch ",
-                        msg.microbatch(), ": ", t.status().message()));
-      break;
+      why = absl::StrCat("activation of microbatch ", message->message.microbatch(), ": ",
+                         t.status().message());
+    } else {
+      metrics_->received_activation_bytes->Increment(message->data_size);
+      bool more;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        activations_.push_back(
+            Event{false, message->message.microbatch(), message->message.phase(), *t});
+        // A full inbox stops reading: backpressure on the sender.
+        more = activations_.size() < inbox_capacity_;
+        if (!more) upstream_paused_ = true;
+      }
+      cv_.notify_all();
+      return more;
     }
-    metrics_->received_gradient_bytes->Increment(bytes);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      gradients_.push_back(Event{true, msg.microbatch(), v1::TRAIN, *t});
-    }
-    cv_.notify_all();
   }
-  if (!stopping_ && !failed_) {
-    grpc::Status st = downstream_->Finish();
-    Fail(absl::StrCat("stage ", assignment_.stage(), " (", self_address_, "): lost its ",
-                      SideName(Side::kDownstream),
-                      st.ok() ? "" : absl::StrCat(": ", st.error_message())),
-         Side::kDownstream);
+  Fail(absl::StrCat("stage ", stage, " (", self_address_, "): bad message from its ",
+                    SideName(side), ": ", why),
+       side);
+  // The sender hears why in the stream's status (an incoming stream ends
+  // with it; ours to the downstream stage is cancelled), not in a message:
+  // gRPC hands a client the status only after it read every message.
+  if (auto link = Link(side)) {
+    link->CloseWith(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, why),
+                    side == Side::kDownstream);
   }
+  return false;
+}
+
+void StageHost::OnStreamEnd(Side side, const grpc::Status& status) {
+  if (stopping_ || failed_) return;
+  Fail(absl::StrCat("stage ", assignment_.stage(), " (", self_address_, "): lost its ",
+                    SideName(side), status.ok() ? "" : absl::StrCat(": ", status.error_message())),
+       side);
 }
 
 bool StageHost::NextEvent(Event* event) {
@@ -426,7 +407,13 @@ bool StageHost::NextEvent(Event* event) {
         (act->phase == v1::TRAIN || executor_->between_epochs())) {
       *event = std::move(*act);
       activations_.erase(act);
-      cv_.notify_all();  // room in the inbox
+      // Room in the inbox: a paused upstream reads on (outside mu_: gRPC
+      // may run the next reaction in this thread).
+      const bool resume = upstream_paused_ && activations_.size() < inbox_capacity_;
+      if (resume) upstream_paused_ = false;
+      std::shared_ptr<PipeStream> upstream = link_[static_cast<int>(Side::kUpstream)];
+      lock.unlock();
+      if (resume && upstream) upstream->ResumeReading();
       return true;
     }
     if (next.action.op == Action::Op::kBackward) {
@@ -564,13 +551,14 @@ absl::Status StageHost::Emit(const StageExecutor::Output& out, v1::Phase phase) 
       metrics_->backwards->Increment();
       if (runtime_->is_first()) {
         msg.mutable_done();
+        return Send(Side::kUpstream, msg);
       } else {
-        auto wire = FromTorch(out.tensor, wire_dtype_);
+        auto wire = ToWire(out.tensor, wire_dtype_);
         if (!wire.ok()) return wire.status();
-        *msg.mutable_gradient() = std::move(*wire);
-        metrics_->sent_gradient_bytes->Increment(msg.gradient().data().size());
+        *msg.mutable_gradient() = std::move(wire->header);
+        metrics_->sent_gradient_bytes->Increment(wire->payload.size);
+        return Send(Side::kUpstream, msg, std::move(wire->payload));
       }
-      return Send(Side::kUpstream, std::move(msg));
     case Action::Op::kForward:
       (phase == v1::EVAL ? metrics_->forward_eval_seconds : metrics_->forward_train_seconds)
           ->Observe(out.seconds);
@@ -580,23 +568,27 @@ absl::Status StageHost::Emit(const StageExecutor::Output& out, v1::Phase phase) 
         msg.mutable_result()->set_correct(out.loss->correct);
         msg.mutable_result()->set_count(out.loss->count);
         msg.mutable_result()->set_predictions(out.loss->predictions);
-        return Send(Side::kTargets, std::move(msg));
+        return Send(Side::kTargets, msg);
       }
-      auto wire = FromTorch(out.tensor, wire_dtype_);
+      auto wire = ToWire(out.tensor, wire_dtype_);
       if (!wire.ok()) return wire.status();
-      *msg.mutable_activation() = std::move(*wire);
-      metrics_->sent_activation_bytes->Increment(msg.activation().data().size());
-      return Send(Side::kDownstream, std::move(msg));
+      *msg.mutable_activation() = std::move(wire->header);
+      metrics_->sent_activation_bytes->Increment(wire->payload.size);
+      return Send(Side::kDownstream, msg, std::move(wire->payload));
   }
   return absl::OkStatus();
 }
 
-absl::Status StageHost::Send(Side side, v1::StageMessage message) {
-  if (side == Side::kDownstream && !downstream_) {
-    return absl::FailedPreconditionError("no downstream stage");
-  }
-  if (!outbox_[static_cast<int>(side)]->Push(std::move(message))) {
-    // The outbox's thread has reported the broken stream (or we stop).
+std::shared_ptr<PipeStream> StageHost::Link(Side side) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return link_[static_cast<int>(side)];
+}
+
+absl::Status StageHost::Send(Side side, const v1::StageMessage& message, WirePayload payload) {
+  std::shared_ptr<PipeStream> link = Link(side);
+  if (link == nullptr) return absl::FailedPreconditionError(absl::StrCat("no ", SideName(side)));
+  if (!link->Send(EncodePipeMessage(message, std::move(payload)))) {
+    // The stream has reported its end (or we stop).
     return absl::UnavailableError(absl::StrCat("lost its ", SideName(side)));
   }
   return absl::OkStatus();
@@ -617,19 +609,6 @@ std::string StageHost::SideName(Side side) const {
   }
 }
 
-bool StageHost::WriteNow(Side side, const v1::StageMessage& message) {
-  std::lock_guard<std::mutex> write_lock(write_mu_[static_cast<int>(side)]);
-  if (side == Side::kDownstream) return downstream_ && downstream_->Write(message);
-  PipeStream* stream;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stream = side == Side::kTargets ? targets_stream_ : upstream_;
-  }
-  // The handler that owns `stream` unregisters it under this side's lock, so
-  // it stays valid while we hold it.
-  return stream != nullptr && stream->Write(message);
-}
-
 void StageHost::Fail(const std::string& message, Side from) {
   if (failed_.exchange(true)) return;
   {
@@ -642,11 +621,8 @@ void StageHost::Fail(const std::string& message, Side from) {
   msg.mutable_error()->set_message(message);
   for (Side side : {Side::kUpstream, Side::kDownstream, Side::kTargets}) {
     if (side == from) continue;
-    if (side == Side::kDownstream && !downstream_) continue;
-    WriteNow(side, msg);
-  }
-  for (auto& outbox : outbox_) {
-    if (outbox) outbox->Close();  // nothing more after the error
+    // Ahead of anything queued, and nothing more after it.
+    if (auto link = Link(side)) link->SendLast(EncodePipeMessage(msg));
   }
   cv_.notify_all();
 }

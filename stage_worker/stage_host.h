@@ -1,20 +1,21 @@
 // StageHost: runs one stage assignment on a worker. It owns the stage runtime,
-// the stream to the downstream stage, and the compute thread that executes the
-// schedule; gRPC handler threads hand it incoming streams (from the upstream
-// stage or the coordinator's feeds).
+// its Pipe streams (common/pipe_stream.h: the one to the downstream stage,
+// opened in Start, and the incoming ones from the upstream stage or the
+// coordinator's feeds, attached by WorkerService), and the compute thread
+// that executes the schedule.
 //
 // Threads (so that compute, sends and receives overlap):
-//   - compute thread: pops activations/gradients from the inbox, calls the
-//     runtime, queues results on the right outbox. The only caller of the
-//     runtime's mutators.
-//   - one outbox thread per outgoing side (downstream, upstream, targets):
-//     writes queued messages to its stream (stage_worker/outbox.h).
-//   - downstream reader: reads gradients coming back from stage i+1.
-//   - gRPC handler threads (one per incoming stream): read activations (or
-//     targets) into the inbox; the activation inbox is bounded, so a full
-//     inbox stops reading and gRPC's flow control pushes back upstream.
+//   - compute thread: takes activations/gradients from the inbox, calls the
+//     runtime, and queues what it produces on the right stream, which writes
+//     it from gRPC's own reactions (no sender thread of ours). The only
+//     caller of the runtime's mutators.
+//   - gRPC's callback threads: decode each arriving message and put it in
+//     the inbox, without blocking. The activation inbox is bounded: when it
+//     is full the upstream stream stops reading until the compute thread
+//     takes one, and HTTP/2 flow control pushes back on the sender.
+//   - the checkpoint writer.
 // Any failure (a broken stream, a bad tensor, a LibTorch error) marks the host
-// failed, tells both neighbours with a StageError so the failure reaches the
+// failed, tells every neighbour with a StageError so the failure reaches the
 // coordinator's feeds at once, and stops the compute thread.
 #ifndef PIPEMARE_STAGE_WORKER_STAGE_HOST_H_
 #define PIPEMARE_STAGE_WORKER_STAGE_HOST_H_
@@ -33,17 +34,15 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/pipe_stream.h"
 #include "pipeline/checkpoint_units.h"
 #include "pipeline/schedule.h"
 #include "pipeline/stage_executor.h"
 #include "pipeline/stage_runtime.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
-#include "stage_worker/outbox.h"
 #include "stage_worker/stage_metrics.h"
 
 namespace pipemare {
-
-using PipeStream = grpc::ServerReaderWriter<v1::StageMessage, v1::StageMessage>;
 
 // A cut this stage wrote, kept in host memory with the files it became.
 struct RetainedCut {
@@ -75,9 +74,10 @@ class StageHost {
   const std::string& job_id() const { return assignment_.job_id(); }
   int stage() const { return assignment_.stage(); }
 
-  // Serves an incoming stream whose first message, `open`, was already read.
-  // Returns when the stream ends or the host stops.
-  grpc::Status Serve(grpc::ServerContext* context, PipeStream* stream, const v1::StreamOpen& open);
+  // Takes an incoming stream whose first message, `open`, was read: sets
+  // its callbacks, or returns why it is refused. Does not block (a gRPC
+  // reaction calls it).
+  grpc::Status Attach(const v1::StreamOpen& open, std::shared_ptr<PipeStream> stream);
 
   // Stops threads and cancels every stream. Idempotent; safe from any thread
   // except the host's own.
@@ -114,7 +114,11 @@ class StageHost {
   static constexpr int kSides = 4;
 
   void ComputeLoop();
-  void DownstreamReadLoop();
+  // A message arrived on `side` (a gRPC reaction: never blocks). False
+  // pauses that stream (a full inbox).
+  bool OnMessage(Side side, absl::StatusOr<PipeMessage> message);
+  // `side`'s stream ended.
+  void OnStreamEnd(Side side, const grpc::Status& status);
   bool NextEvent(Event* event);
   absl::Status Process(const Event& event);
   absl::Status HandleActivation(const Event& event);
@@ -122,12 +126,11 @@ class StageHost {
   // Runs and sends what the plan's next actions produce without input
   // (steps; the last stage's backwards).
   absl::Status RunLocal();
-  // Queues `message` on the side's outbox (blocking while it is full); an
-  // error once that side broke or the host stops.
-  absl::Status Send(Side side, v1::StageMessage message);
-  // Writes to one side now (the outbox threads, and Fail); false if that side
-  // is not connected or broke.
-  bool WriteNow(Side side, const v1::StageMessage& message);
+  // Queues `message` (and `payload`, its tensor's data) on the side's stream,
+  // blocking while its queue is full; an error once that side broke or the
+  // host stops.
+  absl::Status Send(Side side, const v1::StageMessage& message, WirePayload payload = {});
+  std::shared_ptr<PipeStream> Link(Side side) const;
   // "downstream stage 3 at host:port", "input feed from the coordinator"...
   std::string SideName(Side side) const;
   // The type received activations and gradients are computed in: float32
@@ -143,28 +146,18 @@ class StageHost {
   std::unique_ptr<StageRuntime> runtime_;
   std::shared_ptr<StageMetrics> metrics_;
 
-  // Downstream stream (client side), opened in Start().
-  std::unique_ptr<v1::StageWorker::Stub> downstream_stub_;
-  grpc::ClientContext downstream_context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StageMessage, v1::StageMessage>> downstream_;
-
-  // Incoming streams; guarded by mu_. Null when not attached.
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  PipeStream* upstream_ = nullptr;
-  grpc::ServerContext* upstream_context_ = nullptr;
-  PipeStream* targets_stream_ = nullptr;
-  grpc::ServerContext* targets_context_ = nullptr;
+  // Each side's stream (downstream: opened in Start; upstream and targets:
+  // attached by WorkerService), null until then. GUARDED_BY(mu_)
+  std::shared_ptr<PipeStream> link_[kSides];
+  bool upstream_paused_ = false;  // the inbox was full; GUARDED_BY(mu_)
   std::deque<Event> activations_;
   std::deque<Event> gradients_;
   std::map<uint64_t, torch::Tensor> targets_;
   std::string error_;
   int64_t cut_request_ = 0;  // CutAt's step, until the compute thread took it
   std::string cut_error_;
-  // One writer at a time per stream; a handler unregisters its stream under
-  // its side's lock, so a writer holding it sees a live stream or none.
-  std::mutex write_mu_[kSides];
-  std::unique_ptr<Outbox> outbox_[kSides];
   size_t inbox_capacity_ = 0;                    // activations waiting, at most
   std::optional<torch::ScalarType> wire_dtype_;  // schedule.wire_dtype
 
@@ -202,7 +195,6 @@ class StageHost {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> failed_{false};
   std::thread compute_thread_;
-  std::thread downstream_reader_;
 };
 
 }  // namespace pipemare

@@ -105,20 +105,26 @@ grpc::Status WorkerService::ProfileUnits(grpc::ServerContext*, const v1::Profile
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Pipe(grpc::ServerContext* context, PipeStream* stream) {
-  v1::StageMessage first;
-  if (!stream->Read(&first)) return grpc::Status::OK;
-  if (!first.has_open()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "open: the first message of a Pipe stream must be a StreamOpen");
-  }
-  auto host = Current(first.open().job_id());
-  if (!host) {
-    return grpc::Status(
-        grpc::StatusCode::NOT_FOUND,
-        absl::StrCat("open.job_id: this worker has no stage of job '", first.open().job_id(), "'"));
-  }
-  return host->Serve(context, stream, first.open());
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerService::Pipe(
+    grpc::CallbackServerContext* context) {
+  return ServePipe(
+      context,
+      [this](absl::StatusOr<PipeMessage> first,
+             std::shared_ptr<PipeStream> stream) -> grpc::Status {
+        if (!first.ok()) return ToGrpc(first.status());
+        if (!first->message.has_open()) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "open: the first message of a Pipe stream must be a StreamOpen");
+        }
+        const v1::StreamOpen& open = first->message.open();
+        auto host = Current(open.job_id());
+        if (!host) {
+          return grpc::Status(
+              grpc::StatusCode::NOT_FOUND,
+              absl::StrCat("open.job_id: this worker has no stage of job '", open.job_id(), "'"));
+        }
+        return host->Attach(open, std::move(stream));
+      });
 }
 
 grpc::Status WorkerService::GetStageStatus(grpc::ServerContext*,

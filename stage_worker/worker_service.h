@@ -14,7 +14,10 @@
 
 namespace pipemare {
 
-class WorkerService final : public v1::StageWorker::Service {
+// Pipe is served on gRPC's callback API with raw byte buffers
+// (common/pipe_stream.h); the other methods are synchronous.
+class WorkerService final
+    : public v1::StageWorker::WithRawCallbackMethod_Pipe<v1::StageWorker::Service> {
  public:
   // `metrics` must outlive the service.
   // `virtual_device`: see pipeline/stage_runtime.h (benchmarks only).
@@ -27,7 +30,8 @@ class WorkerService final : public v1::StageWorker::Service {
 
   grpc::Status LoadStage(grpc::ServerContext* context, const v1::StageAssignment* request,
                          v1::LoadStageResponse* response) override;
-  grpc::Status Pipe(grpc::ServerContext* context, PipeStream* stream) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Pipe(
+      grpc::CallbackServerContext* context) override;
   grpc::Status GetStageStatus(grpc::ServerContext* context, const v1::StageStatusRequest* request,
                               v1::StageStatusResponse* response) override;
   grpc::Status ReleaseStage(grpc::ServerContext* context, const v1::ReleaseStageRequest* request,

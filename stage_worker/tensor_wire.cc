@@ -1,0 +1,55 @@
+#include "stage_worker/tensor_wire.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "pipeline/torch_codec.h"
+
+namespace pipemare {
+
+absl::StatusOr<WireTensor> ToWire(const torch::Tensor& tensor,
+                                  std::optional<torch::ScalarType> as) {
+  torch::Tensor t = tensor.detach();
+  if (as && t.is_floating_point() && t.scalar_type() != *as) t = t.to(torch::kCPU).to(*as);
+  const v1::DType dtype = WireDType(t.scalar_type());
+  if (dtype == v1::DTYPE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor dtype ", c10::toString(t.scalar_type()), " has no wire encoding"));
+  }
+  t = t.to(torch::kCPU).contiguous();  // no copy for a contiguous CPU tensor
+  WireTensor w;
+  w.header.set_dtype(dtype);
+  for (int64_t d : t.sizes()) w.header.add_shape(d);
+  w.payload.data = t.data_ptr();
+  w.payload.size = static_cast<size_t>(t.numel()) * t.element_size();
+  // The slice holds the tensor (and so its storage) until gRPC is done.
+  w.payload.owner = std::make_shared<torch::Tensor>(std::move(t));
+  return w;
+}
+
+absl::StatusOr<torch::Tensor> FromWire(const PipeMessage& message,
+                                       std::optional<torch::ScalarType> as) {
+  const v1::Tensor* wire = PayloadTensor(message.message);
+  if (wire == nullptr) return absl::InvalidArgumentError("the message carries no tensor");
+  const auto type = TorchType(wire->dtype());
+  if (!type) return absl::InvalidArgumentError("tensor.dtype: unknown");
+  std::vector<int64_t> shape(wire->shape().begin(), wire->shape().end());
+  const auto options = torch::TensorOptions().dtype(*type);
+  torch::Tensor t;
+  const int64_t element = torch::elementSize(*type);
+  if (message.data.size() == 1 &&
+      reinterpret_cast<uintptr_t>(message.data[0].begin()) % element == 0) {
+    // One slice: the tensor adopts gRPC's buffer (read-only to gRPC, ours now).
+    auto* slice = new grpc::Slice(message.data[0]);
+    t = torch::from_blob(
+        const_cast<uint8_t*>(slice->begin()), shape, [slice](void*) { delete slice; }, options);
+  } else {
+    t = torch::empty(shape, options);
+    if (message.data_size > 0) message.CopyData(t.data_ptr());
+  }
+  if (as && t.is_floating_point() && t.scalar_type() != *as) t = t.to(*as);
+  return t;
+}
+
+}  // namespace pipemare
