@@ -314,22 +314,31 @@ void JobManager::SchedulerLoop() {
         }
         break;
       }
+      // The cancel flag exists before the job shows RUNNING: a Cancel that
+      // sees RUNNING always finds the flag (before, one in between marked
+      // the job CANCELLED while its runner went on holding the workers).
+      auto flag = std::make_shared<std::atomic<bool>>(false);
+      lock.lock();
+      cancel_[id] = flag;
+      lock.unlock();
       if (!store_->UpdateState(id, v1::RUNNING, "").ok()) {  // cancelled meanwhile
+        lock.lock();
+        cancel_.erase(id);
+        lock.unlock();
         registry_->Release(id);
         continue;
       }
       lock.lock();
-      StartJob(id, std::move(*workers));
+      StartJob(id, std::move(*workers), std::move(flag));
       lock.unlock();
     }
     lock.lock();
   }
 }
 
-void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> workers) {
-  // REQUIRES: mu_ held.
-  auto flag = std::make_shared<std::atomic<bool>>(false);
-  cancel_[id] = flag;
+void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> workers,
+                          std::shared_ptr<std::atomic<bool>> flag) {
+  // REQUIRES: mu_ held; cancel_[id] is `flag`.
   for (size_t i = 0; i < workers.size(); ++i) {
     LogInfo(ForStage(id, static_cast<int>(i)),
             absl::StrCat("assigned to worker ", workers[i].id(), " at ", workers[i].address()));

@@ -76,7 +76,8 @@ class JobManager {
   absl::StatusOr<Manifest> ResolveFrom(const std::string& from, std::string* manifest_path);
   void SchedulerLoop();
   bool ShuttingDown();
-  void StartJob(const std::string& id, std::vector<v1::WorkerInfo> workers);
+  void StartJob(const std::string& id, std::vector<v1::WorkerInfo> workers,
+                std::shared_ptr<std::atomic<bool>> flag);
   // Runs job `id` on `workers` to its end, recovering from lost workers as
   // its spec's recovery allows; returns how it ended.
   absl::Status RunJob(const std::string& id, std::vector<v1::WorkerInfo> workers,
