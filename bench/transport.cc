@@ -46,6 +46,8 @@
 //
 //   bench_transport [--sizes 64K,256K,1M,4M,16M,64M] [--seconds 1]
 //                   [--messages N] [--rounds 2] [--output table|json]
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -56,11 +58,14 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -74,6 +79,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/pipe_stream.h"
+#include "common/pipe_wire.h"
 #include "common/rpc.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
 
@@ -152,7 +159,10 @@ struct Throughput {
 };
 
 // ---------------------------------------------------------------------------
-// gRPC: StageWorker.Pipe, as between two stages.
+// Our Pipe: StageWorker.Pipe through common/pipe_stream.h and pipe_wire.h,
+// exactly as between two stages (the sender's payload slice borrows its
+// buffer; the receiver copies the payload once into a fresh buffer, as a
+// worker into its tensor, or adopts it when it arrived in one slice).
 //
 // The first message of a stream is a StreamOpen, as in the workers. Its role
 // picks what the server does:
@@ -161,64 +171,127 @@ struct Throughput {
 //   INPUT_FEED (the coordinator's feed, "inputs down, acks up"): answer every
 //     activation with a `done` ack carrying its microbatch number.
 
-using ServerStream = grpc::ServerReaderWriter<v1::StageMessage, v1::StageMessage>;
-using ClientStream = grpc::ClientReaderWriter<v1::StageMessage, v1::StageMessage>;
-
-class PipeSink final : public v1::StageWorker::Service {
- public:
-  grpc::Status Pipe(grpc::ServerContext*, ServerStream* stream) override {
-    v1::StageMessage message;
-    if (!stream->Read(&message)) return grpc::Status::OK;
-    if (!message.has_open()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "open: the first message of a Pipe stream must be a StreamOpen");
-    }
-    const bool ack_each = message.open().role() == v1::StreamOpen::INPUT_FEED;
-    int64_t count = 0;
-    v1::StageMessage reply;
-    while (stream->Read(&message)) {
-      if (message.has_activation()) {
-        if (auto st = Validate(message.activation()); !st.ok()) return ToGrpc(st);
-        ++count;
-        if (ack_each) {
-          reply.Clear();
-          reply.set_microbatch(message.microbatch());
-          reply.mutable_done();
-          if (!stream->Write(reply)) return grpc::Status::OK;
-        }
-      } else if (message.has_done()) {
-        reply.Clear();
-        reply.mutable_result()->set_count(count);
-        count = 0;
-        if (!stream->Write(reply)) return grpc::Status::OK;
-      } else {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "payload: expected an activation or a done marker");
-      }
-    }
-    return grpc::Status::OK;
+// Validates an activation as a worker does and touches it.
+absl::Status CheckActivation(const PipeMessage& m) {
+  const v1::Tensor& t = m.message.activation();
+  if (t.dtype() != v1::FLOAT32 || t.shape_size() != 1) {
+    return absl::InvalidArgumentError("activation: expected FLOAT32 of shape [n]");
   }
+  const int64_t n = t.shape(0);
+  std::unique_ptr<char[]> copy;
+  const char* data;
+  if (m.data.size() == 1) {
+    data = reinterpret_cast<const char*>(m.data[0].begin());
+  } else {
+    copy.reset(new char[m.data_size]);
+    m.CopyData(copy.get());
+    data = copy.get();
+  }
+  if (!TouchOk(data, n)) {
+    return absl::DataLossError("activation.data: contents differ from what was sent");
+  }
+  return absl::OkStatus();
+}
 
- private:
-  static absl::Status Validate(const v1::Tensor& t) {
-    if (t.dtype() != v1::FLOAT32 || t.shape_size() != 1) {
-      return absl::InvalidArgumentError("activation: expected FLOAT32 of shape [n]");
-    }
-    const int64_t n = t.shape(0);
-    if (n < 0 || static_cast<int64_t>(t.data().size()) != n * static_cast<int64_t>(sizeof(float))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("activation.data: ", t.data().size(), " bytes for shape [", n, "]"));
-    }
-    if (!TouchOk(t.data().data(), n)) {
-      return absl::DataLossError("activation.data: contents differ from what was sent");
-    }
-    return absl::OkStatus();
+class PipeSink final
+    : public v1::StageWorker::WithRawCallbackMethod_Pipe<v1::StageWorker::Service> {
+ public:
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Pipe(
+      grpc::CallbackServerContext* context) override {
+    return ServePipe(
+        context,
+        [](absl::StatusOr<PipeMessage> first, std::shared_ptr<PipeStream> stream) -> grpc::Status {
+          if (!first.ok()) return ToGrpc(first.status());
+          if (!first->message.has_open()) {
+            return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                "open: the first message of a Pipe stream must be a StreamOpen");
+          }
+          const bool ack_each = first->message.open().role() == v1::StreamOpen::INPUT_FEED;
+          PipeStream* s = stream.get();
+          auto count = std::make_shared<int64_t>(0);
+          PipeStream::Callbacks cb;
+          cb.on_message = [s, ack_each, count](absl::StatusOr<PipeMessage> m) {
+            v1::StageMessage reply;
+            absl::Status st = m.status();
+            if (st.ok() && m->message.has_activation()) {
+              st = CheckActivation(*m);
+              if (st.ok()) {
+                ++*count;
+                if (!ack_each) return true;
+                reply.set_microbatch(m->message.microbatch());
+                reply.mutable_done();
+              }
+            } else if (st.ok() && m->message.has_done()) {
+              reply.mutable_result()->set_count(*count);
+              *count = 0;
+            } else if (st.ok()) {
+              st = absl::InvalidArgumentError("payload: expected an activation or a done marker");
+            }
+            if (!st.ok()) {
+              s->CloseWith(ToGrpc(st), false);
+              return false;
+            }
+            // One small reply per ping or marker: the sender waits for it, so
+            // the queue never holds more than one (Send does not block here).
+            s->Send(EncodePipeMessage(reply));
+            return true;
+          };
+          stream->SetCallbacks(std::move(cb), 4);
+          return grpc::Status::OK;
+        });
   }
 };
 
-class GrpcPath {
+// What the client side of either gRPC path hands its caller: replies, in
+// order, or the end of the stream.
+class Replies {
  public:
-  ~GrpcPath() { Stop(); }
+  void Push(grpc::Status st, v1::StageMessage m = {}) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!st.ok()) {
+      error_ = st;
+    } else {
+      queue_.push_back(std::move(m));
+    }
+    cv_.notify_all();
+  }
+  absl::StatusOr<v1::StageMessage> Pop(const std::string& what) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(60),
+                      [&] { return !queue_.empty() || !error_.ok(); })) {
+      return absl::DeadlineExceededError(absl::StrCat("no reply to ", what, " in 60 s"));
+    }
+    if (queue_.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("stream broke on ", what, ": ", error_.error_message()));
+    }
+    v1::StageMessage m = std::move(queue_.front());
+    queue_.pop_front();
+    return m;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::StageMessage> queue_;
+  grpc::Status error_ = grpc::Status::OK;
+};
+
+// The message a worker sends: the header, and the payload slice over the
+// activation's own buffer (no copy).
+grpc::ByteBuffer ActivationMessage(const std::shared_ptr<const Payload>& payload,
+                                   uint64_t microbatch) {
+  v1::StageMessage m;
+  m.set_microbatch(microbatch);
+  m.set_phase(v1::TRAIN);
+  m.mutable_activation()->set_dtype(v1::FLOAT32);
+  m.mutable_activation()->add_shape(payload->floats());
+  return EncodePipeMessage(m, {payload->data(), static_cast<size_t>(payload->bytes()), payload});
+}
+
+class PipePath {
+ public:
+  ~PipePath() { Stop(); }
 
   absl::Status Start() {
     int port = 0;
@@ -229,25 +302,15 @@ class GrpcPath {
     if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
       return absl::UnavailableError(absl::StrCat("gRPC: cannot connect to 127.0.0.1:", port));
     }
-    stub_ = v1::StageWorker::NewStub(channel_);
-    if (auto st = Open(v1::StreamOpen::PEER, &bulk_); !st.ok()) return st;
-    return Open(v1::StreamOpen::INPUT_FEED, &ping_);
+    bulk_ = Open(v1::StreamOpen::PEER, &bulk_replies_);
+    ping_ = Open(v1::StreamOpen::INPUT_FEED, &ping_replies_);
+    return absl::OkStatus();
   }
 
-  // Ends both streams, then the server. Safe to call twice.
   void Stop() {
-    for (Stream* s : {&bulk_, &ping_}) {
-      if (!s->stream) continue;
-      if (s->healthy) {
-        s->stream->WritesDone();
-        v1::StageMessage drain;
-        while (s->stream->Read(&drain)) {
-        }
-      } else {
-        s->context->TryCancel();
-      }
-      (void)s->stream->Finish();  // a broken stream was reported where it broke
-      s->stream.reset();
+    for (auto* s : {&bulk_, &ping_}) {
+      if (*s) (*s)->CloseAndWait();
+      s->reset();
     }
     if (server_) {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -256,94 +319,372 @@ class GrpcPath {
     }
   }
 
- private:
-  struct Stream {
-    std::unique_ptr<grpc::ClientContext> context;
-    std::unique_ptr<ClientStream> stream;
-    bool healthy = false;
-  };
-
-  absl::Status Open(v1::StreamOpen::Role role, Stream* s) {
-    s->context = std::make_unique<grpc::ClientContext>();
-    s->stream = stub_->Pipe(s->context.get());
-    v1::StageMessage open;
-    open.mutable_open()->set_job_id("bench_transport");
-    open.mutable_open()->set_role(role);
-    if (!s->stream->Write(open)) return Broken(s, "open");
-    s->healthy = true;
-    return absl::OkStatus();
-  }
-
-  // Marks `s` broken and returns why, with the server's status if it has one.
-  absl::Status Broken(Stream* s, const std::string& what) {
-    s->healthy = false;
-    s->context->TryCancel();
-    const absl::Status st = FromGrpc(s->stream->Finish());
-    s->stream.reset();
-    return absl::UnavailableError(
-        absl::StrCat("gRPC Pipe stream broke on ", what, st.ok() ? "" : ": ", st.message()));
-  }
-
-  // The message a worker builds: one copy of the activation into the proto.
-  static void Build(const Payload& payload, uint64_t microbatch, v1::StageMessage* message) {
-    message->Clear();
-    message->set_microbatch(microbatch);
-    message->set_phase(v1::TRAIN);
-    v1::Tensor* wire = message->mutable_activation();
-    wire->set_dtype(v1::FLOAT32);
-    wire->add_shape(payload.floats());
-    wire->set_data(payload.data(), payload.bytes());
-  }
-
- public:
-  // One timed measurement; see MeasureThroughput and MeasureLatency.
-  absl::StatusOr<Throughput> Burst(const Payload& payload, const Bounds& bounds) {
-    if (!bulk_.stream) return absl::FailedPreconditionError("gRPC throughput stream is closed");
-    v1::StageMessage message;
+  absl::StatusOr<Throughput> Burst(const std::shared_ptr<const Payload>& payload,
+                                   const Bounds& bounds) {
     int64_t sent = 0;
     const Clock::time_point start = Clock::now();
     while (!bounds.Done(sent, start)) {
-      Build(payload, sent, &message);
-      if (!bulk_.stream->Write(message)) return Broken(&bulk_, "write");
+      if (!bulk_->Send(ActivationMessage(payload, sent))) break;
       ++sent;
     }
-    message.Clear();
-    message.mutable_done();
-    if (!bulk_.stream->Write(message)) return Broken(&bulk_, "end marker");
-    if (!bulk_.stream->Read(&message)) return Broken(&bulk_, "read ack");
+    v1::StageMessage marker;
+    marker.mutable_done();
+    bulk_->Send(EncodePipeMessage(marker));
+    auto reply = bulk_replies_.Pop("the end marker");
+    if (!reply.ok()) return reply.status();
     const Clock::time_point end = Clock::now();
-    if (!message.has_result() || message.result().count() != sent) {
-      return absl::DataLossError(absl::StrCat("gRPC: sent ", sent, " messages, server counted ",
-                                              message.result().count()));
+    if (!reply->has_result() || reply->result().count() != sent) {
+      return absl::DataLossError(
+          absl::StrCat("Pipe: sent ", sent, " messages, server counted ", reply->result().count()));
     }
-    return Throughput{sent * payload.bytes(), Seconds(start, end)};
+    return Throughput{sent * payload->bytes(), Seconds(start, end)};
   }
 
-  absl::StatusOr<std::vector<double>> PingPong(const Payload& payload, const Bounds& bounds) {
-    if (!ping_.stream) return absl::FailedPreconditionError("gRPC latency stream is closed");
+  absl::StatusOr<std::vector<double>> PingPong(const std::shared_ptr<const Payload>& payload,
+                                               const Bounds& bounds) {
     std::vector<double> micros;
-    v1::StageMessage message, ack;
     const Clock::time_point start = Clock::now();
     for (int64_t sent = 0; !bounds.Done(sent, start); ++sent) {
       const Clock::time_point t0 = Clock::now();
-      Build(payload, sent, &message);
-      if (!ping_.stream->Write(message)) return Broken(&ping_, "ping");
-      if (!ping_.stream->Read(&ack)) return Broken(&ping_, "read ack");
+      ping_->Send(ActivationMessage(payload, sent));
+      auto ack = ping_replies_.Pop("a ping");
+      if (!ack.ok()) return ack.status();
       micros.push_back(Seconds(t0, Clock::now()) * 1e6);
-      if (!ack.has_done() || ack.microbatch() != static_cast<uint64_t>(sent)) {
-        return absl::DataLossError(absl::StrCat("gRPC: ack for ping ", sent, " is wrong"));
+      if (!ack->has_done() || ack->microbatch() != static_cast<uint64_t>(sent)) {
+        return absl::DataLossError(absl::StrCat("Pipe: ack for ping ", sent, " is wrong"));
       }
     }
     return micros;
   }
 
  private:
+  std::shared_ptr<PipeStream> Open(v1::StreamOpen::Role role, Replies* replies) {
+    v1::StageMessage open;
+    open.mutable_open()->set_job_id("bench_transport");
+    open.mutable_open()->set_role(role);
+    PipeStream::Callbacks cb;
+    cb.on_message = [replies](absl::StatusOr<PipeMessage> m) {
+      if (!m.ok()) {
+        replies->Push(ToGrpc(m.status()));
+        return false;
+      }
+      replies->Push(grpc::Status::OK, std::move(m->message));
+      return true;
+    };
+    cb.on_end = [replies](const grpc::Status& st) {
+      replies->Push(st.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream ended") : st);
+    };
+    // The workers' queue bound for a 4-stage pipeline.
+    return OpenPipe(channel_, EncodePipeMessage(open), std::move(cb), 6);
+  }
+
   PipeSink service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::StageWorker::Stub> stub_;
-  Stream bulk_;  // PEER: throughput
-  Stream ping_;  // INPUT_FEED: ping-pong
+  std::shared_ptr<PipeStream> bulk_, ping_;
+  Replies bulk_replies_, ping_replies_;
+};
+
+// ---------------------------------------------------------------------------
+// Bare gRPC: the same bytes as raw ByteBuffers on gRPC's callback API with no
+// Pipemare code (a generic service and stub, one write in flight, no codec,
+// no queue): how fast gRPC itself streams them, so that the gap between our
+// Pipe and TCP splits into gRPC's share and ours. Messages of 8 bytes or less
+// are control: the client's end marker (answered with the count of payload
+// messages since the last marker) and the server's acks; every payload
+// message on the ping stream is answered with an 8-byte ack.
+
+grpc::ByteBuffer Word(uint64_t v) {
+  grpc::Slice s(&v, sizeof(v));
+  return grpc::ByteBuffer(&s, 1);
+}
+uint64_t ReadWord(const grpc::ByteBuffer& b) {
+  grpc::Slice s;
+  uint64_t v = 0;
+  if (b.DumpToSingleSlice(&s).ok() && s.size() == sizeof(v)) std::memcpy(&v, s.begin(), sizeof(v));
+  return v;
+}
+// Touches the first and last float, as the other receivers do.
+bool TouchSlices(const grpc::ByteBuffer& b) {
+  std::vector<grpc::Slice> slices;
+  if (!b.Dump(&slices).ok() || slices.empty()) return false;
+  // A float may straddle two slices: gather the first and last 4 bytes.
+  auto gather = [&](size_t offset) {
+    float v;
+    char* out = reinterpret_cast<char*>(&v);
+    size_t at = 0, filled = 0;
+    for (const grpc::Slice& slice : slices) {
+      const size_t size = slice.size();
+      if (at + size > offset) {
+        for (size_t i = offset > at ? offset - at : 0; i < size && filled < sizeof(v); ++i) {
+          out[filled++] = static_cast<char>(slice.begin()[i]);
+        }
+      }
+      at += size;
+      if (filled == sizeof(v)) break;
+    }
+    return v;
+  };
+  if (b.Length() < sizeof(float)) return false;
+  const float first = gather(0);
+  const float last = gather(b.Length() - sizeof(float));
+  return first == 0.0f && last == static_cast<float>(b.Length() / sizeof(float) - 1);
+}
+
+class BareServerCall final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit BareServerCall(bool ack_each) : ack_each_(ack_each) { StartRead(&in_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const size_t length = in_.Length();
+    if (length > sizeof(uint64_t)) {
+      if (!TouchSlices(in_)) {
+        Finish(grpc::Status(grpc::StatusCode::DATA_LOSS, "contents differ from what was sent"));
+        return;
+      }
+      ++count_;
+      if (!ack_each_) {
+        StartRead(&in_);
+        return;
+      }
+      out_ = Word(count_);
+    } else {
+      out_ = Word(count_);
+      count_ = 0;
+    }
+    StartWrite(&out_);  // the client waits for it: one write in flight
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    StartRead(&in_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  const bool ack_each_;
+  grpc::ByteBuffer in_, out_;
+  uint64_t count_ = 0;
+};
+
+class BareService final : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    return new BareServerCall(ctx->method() == "/bare/ping");
+  }
+};
+
+class BareClientCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  BareClientCall(grpc::GenericStub* stub, const std::string& method) {
+    stub->PrepareBidiStreamingCall(&context_, method, grpc::StubOptions(), this);
+    AddHold();
+    StartCall();
+  }
+  // Streams `payload` until `bounds` are met, then the end marker; each
+  // next write starts from the previous one's reaction (no thread of ours
+  // in between: gRPC's best case). Returns the messages sent once the marker
+  // is on its way; the caller then Read()s the server's count.
+  absl::StatusOr<int64_t> Stream(std::shared_ptr<const Payload> payload, const Bounds& bounds) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !writing_ || broken_; });
+      if (broken_) return Broken("write");
+      burst_payload_ = std::move(payload);
+      burst_bounds_ = bounds;
+      burst_start_ = Clock::now();
+      burst_sent_ = 1;
+      burst_over_ = false;
+      writing_ = true;
+      out_ = Bytes(burst_payload_);
+    }
+    StartWrite(&out_);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return burst_over_ || broken_; });
+    if (!burst_over_) {
+      lock.unlock();
+      return Broken("write");
+    }
+    return burst_sent_;
+  }
+  // The payload as one slice over its own buffer, as our sender does.
+  static grpc::ByteBuffer Bytes(const std::shared_ptr<const Payload>& payload) {
+    auto* owner = new std::shared_ptr<const Payload>(payload);
+    grpc::Slice s(
+        const_cast<char*>(payload->data()), payload->bytes(),
+        [](void* p) { delete static_cast<std::shared_ptr<const Payload>*>(p); }, owner);
+    return grpc::ByteBuffer(&s, 1);
+  }
+  // Waits until the previous write is done, then starts this one.
+  bool Write(grpc::ByteBuffer b) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !writing_ || broken_; });
+    if (broken_) return false;
+    writing_ = true;
+    out_ = std::move(b);
+    lock.unlock();
+    StartWrite(&out_);
+    return true;
+  }
+  absl::StatusOr<uint64_t> Read() {
+    StartRead(&in_);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return read_done_ || broken_; });
+    if (!read_done_) {
+      lock.unlock();
+      return Broken("read");
+    }
+    read_done_ = false;
+    return ReadWord(in_);
+  }
+  // Why the stream broke: the status it ended with (the server's check of
+  // the contents, a transport error).
+  absl::Status Broken(const std::string& what) {
+    DropHold();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return absl::UnavailableError(
+        absl::StrCat("bare gRPC: ", what, " failed: the stream ended with status ",
+                     done_status_.error_code(), " ", done_status_.error_message()));
+  }
+  void Close() {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !writing_ || broken_; });
+    }
+    context_.TryCancel();
+    DropHold();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (ok && burst_payload_) {
+      // In a burst: the next payload, or the end marker after the last.
+      if (!burst_bounds_.Done(burst_sent_, burst_start_)) {
+        ++burst_sent_;
+        out_ = Bytes(burst_payload_);
+      } else {
+        burst_payload_.reset();
+        out_ = Word(0);
+      }
+      lock.unlock();
+      StartWrite(&out_);
+      return;
+    }
+    if (ok && !burst_over_) {
+      burst_over_ = true;  // the end marker went out
+    }
+    writing_ = false;
+    broken_ = broken_ || !ok;
+    cv_.notify_all();
+  }
+  void OnReadDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    read_done_ = ok;
+    broken_ = broken_ || !ok;
+    cv_.notify_all();
+  }
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    done_status_ = status;
+    broken_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  grpc::ByteBuffer out_, in_;
+  // The hold keeps the call open between our writes; dropped once.
+  void DropHold() {
+    if (!held_.exchange(false)) return;
+    RemoveHold();
+  }
+  std::atomic<bool> held_{true};
+  std::shared_ptr<const Payload> burst_payload_;  // set while a burst runs
+  Bounds burst_bounds_;
+  Clock::time_point burst_start_;
+  int64_t burst_sent_ = 0;
+  bool burst_over_ = true;
+  bool writing_ = false, read_done_ = false, broken_ = false, done_ = false;
+  grpc::Status done_status_;
+};
+
+class BareGrpcPath {
+ public:
+  ~BareGrpcPath() { Stop(); }
+
+  absl::Status Start() {
+    // Pipemare's server limits and keepalives, without our service.
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    ApplyServerOptions(builder);
+    builder.RegisterCallbackGenericService(&service_);
+    server_ = builder.BuildAndStart();
+    if (!server_ || port == 0) return absl::UnavailableError("bare gRPC: cannot start a server");
+    channel_ = MakeChannel(WithPort("127.0.0.1:0", port));
+    stub_ = std::make_unique<grpc::GenericStub>(channel_);
+    bulk_ = std::make_unique<BareClientCall>(stub_.get(), "/bare/bulk");
+    ping_ = std::make_unique<BareClientCall>(stub_.get(), "/bare/ping");
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    if (bulk_) bulk_->Close();
+    if (ping_) ping_->Close();
+    bulk_.reset();
+    ping_.reset();
+    if (server_) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      server_->Wait();
+      server_.reset();
+    }
+  }
+
+  absl::StatusOr<Throughput> Burst(const std::shared_ptr<const Payload>& payload,
+                                   const Bounds& bounds) {
+    const Clock::time_point start = Clock::now();
+    auto streamed = bulk_->Stream(payload, bounds);
+    if (!streamed.ok()) return streamed.status();
+    const int64_t sent = *streamed;
+    auto count = bulk_->Read();
+    if (!count.ok()) return count.status();
+    const Clock::time_point end = Clock::now();
+    if (*count != static_cast<uint64_t>(sent)) {
+      return absl::DataLossError(absl::StrCat("bare gRPC: sent ", sent, ", counted ", *count));
+    }
+    return Throughput{sent * payload->bytes(), Seconds(start, end)};
+  }
+
+  absl::StatusOr<std::vector<double>> PingPong(const std::shared_ptr<const Payload>& payload,
+                                               const Bounds& bounds) {
+    std::vector<double> micros;
+    const Clock::time_point start = Clock::now();
+    for (int64_t sent = 0; !bounds.Done(sent, start); ++sent) {
+      const Clock::time_point t0 = Clock::now();
+      if (!ping_->Write(BareClientCall::Bytes(payload))) return ping_->Broken("ping");
+      auto ack = ping_->Read();
+      if (!ack.ok()) return ack.status();
+      micros.push_back(Seconds(t0, Clock::now()) * 1e6);
+    }
+    return micros;
+  }
+
+ private:
+  BareService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<grpc::GenericStub> stub_;
+  std::unique_ptr<BareClientCall> bulk_, ping_;
 };
 
 // ---------------------------------------------------------------------------
@@ -542,7 +883,9 @@ class TcpPath {
 
  public:
   // One timed measurement; see MeasureThroughput and MeasureLatency.
-  absl::StatusOr<Throughput> Burst(const Payload& payload, const Bounds& bounds) {
+  absl::StatusOr<Throughput> Burst(const std::shared_ptr<const Payload>& shared,
+                                   const Bounds& bounds) {
+    const Payload& payload = *shared;
     if (client_.fd() < 0) return absl::FailedPreconditionError("TCP connection is closed");
     const FrameHeader data{kData, 0, 0, static_cast<uint64_t>(payload.bytes())};
     int64_t sent = 0;
@@ -564,7 +907,9 @@ class TcpPath {
     return Throughput{sent * payload.bytes(), Seconds(start, end)};
   }
 
-  absl::StatusOr<std::vector<double>> PingPong(const Payload& payload, const Bounds& bounds) {
+  absl::StatusOr<std::vector<double>> PingPong(const std::shared_ptr<const Payload>& shared,
+                                               const Bounds& bounds) {
+    const Payload& payload = *shared;
     if (client_.fd() < 0) return absl::FailedPreconditionError("TCP connection is closed");
     std::vector<double> micros;
     const Clock::time_point start = Clock::now();
@@ -638,20 +983,27 @@ absl::StatusOr<std::vector<int64_t>> ParseSizes(const std::string& list) {
   return sizes;
 }
 
+// The three paths, side by side: our Pipe, bare gRPC, raw TCP.
+constexpr int kPaths = 3;
+const char* const kPathNames[kPaths] = {"Pipe", "bare gRPC", "TCP"};
+
 struct Row {
   int64_t bytes = 0;
-  Throughput grpc, tcp;  // best round
-  std::vector<double> grpc_micros, tcp_micros;
+  Throughput best[kPaths];  // best round
+  std::vector<double> micros[kPaths];
 };
 
 void PrintTable(const std::vector<Row>& rows) {
   std::printf(
-      "| size | gRPC GiB/s | TCP GiB/s | ratio gRPC/TCP | gRPC latency µs | TCP latency µs |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|\n");
+      "| size | Pipe GiB/s | bare gRPC GiB/s | TCP GiB/s | Pipe/TCP | Pipe/bare gRPC | "
+      "Pipe µs | bare gRPC µs | TCP µs |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows) {
-    std::printf("| %s | %.2f | %.2f | %.2f | %.0f | %.0f |\n", SizeName(r.bytes).c_str(),
-                r.grpc.gib_per_s(), r.tcp.gib_per_s(), r.grpc.gib_per_s() / r.tcp.gib_per_s(),
-                Median(r.grpc_micros), Median(r.tcp_micros));
+    std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.0f | %.0f |\n",
+                SizeName(r.bytes).c_str(), r.best[0].gib_per_s(), r.best[1].gib_per_s(),
+                r.best[2].gib_per_s(), r.best[0].gib_per_s() / r.best[2].gib_per_s(),
+                r.best[0].gib_per_s() / r.best[1].gib_per_s(), Median(r.micros[0]),
+                Median(r.micros[1]), Median(r.micros[2]));
   }
 }
 
@@ -661,12 +1013,12 @@ void PrintJson(const std::vector<Row>& rows, const Bounds& bounds, int rounds) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::printf(
-        "%s\n  {\"bytes\": %lld, \"grpc_gib_per_s\": %.4f, \"tcp_gib_per_s\": %.4f, "
-        "\"ratio\": %.4f, \"grpc_latency_us\": %.1f, \"tcp_latency_us\": %.1f, "
-        "\"grpc_pings\": %zu, \"tcp_pings\": %zu}",
-        i == 0 ? "" : ",", static_cast<long long>(r.bytes), r.grpc.gib_per_s(), r.tcp.gib_per_s(),
-        r.grpc.gib_per_s() / r.tcp.gib_per_s(), Median(r.grpc_micros), Median(r.tcp_micros),
-        r.grpc_micros.size(), r.tcp_micros.size());
+        "%s\n  {\"bytes\": %lld, \"pipe_gib_per_s\": %.4f, \"bare_grpc_gib_per_s\": %.4f, "
+        "\"tcp_gib_per_s\": %.4f, \"pipe_latency_us\": %.1f, \"bare_grpc_latency_us\": %.1f, "
+        "\"tcp_latency_us\": %.1f}",
+        i == 0 ? "" : ",", static_cast<long long>(r.bytes), r.best[0].gib_per_s(),
+        r.best[1].gib_per_s(), r.best[2].gib_per_s(), Median(r.micros[0]), Median(r.micros[1]),
+        Median(r.micros[2]));
   }
   std::printf("\n]}\n");
 }
@@ -681,16 +1033,18 @@ bool Check(const absl::StatusOr<T>& result, const char* what, int64_t bytes) {
 
 // Throughput of a burst after an untimed warm-up burst, on either path.
 template <typename Path>
-absl::StatusOr<Throughput> MeasureThroughput(Path& path, const Payload& payload,
+absl::StatusOr<Throughput> MeasureThroughput(Path& path,
+                                             const std::shared_ptr<const Payload>& payload,
                                              const Bounds& bounds) {
-  const Bounds warmup{0, std::max<int64_t>(2, kWarmupBytes / payload.bytes())};
+  const Bounds warmup{0, std::max<int64_t>(2, kWarmupBytes / payload->bytes())};
   if (auto r = path.Burst(payload, warmup); !r.ok()) return r.status();
   return path.Burst(payload, bounds);
 }
 
 // Round trips in microseconds, after a few untimed ones, on either path.
 template <typename Path>
-absl::StatusOr<std::vector<double>> MeasureLatency(Path& path, const Payload& payload,
+absl::StatusOr<std::vector<double>> MeasureLatency(Path& path,
+                                                   const std::shared_ptr<const Payload>& payload,
                                                    const Bounds& bounds) {
   if (auto r = path.PingPong(payload, Bounds{0, 3}); !r.ok()) return r.status();
   return path.PingPong(payload, bounds);
@@ -698,7 +1052,8 @@ absl::StatusOr<std::vector<double>> MeasureLatency(Path& path, const Payload& pa
 
 int Main(int argc, char** argv) {
   CLI::App app{
-      "bench_transport: gRPC Pipe streaming vs raw TCP over loopback (throughput and latency)"};
+      "bench_transport: our Pipe stream vs bare gRPC vs raw TCP over loopback (throughput and "
+      "latency)"};
   std::string sizes_flag = "64K,256K,1M,4M,16M,64M";
   Bounds bounds;
   int rounds = 2;
@@ -713,7 +1068,7 @@ int Main(int argc, char** argv) {
                  "Message bound of each measurement (0: none; --seconds bounds it)")
       ->capture_default_str();
   app.add_option("--rounds", rounds,
-                 "Repetitions of each measurement, gRPC and TCP interleaved "
+                 "Repetitions of each measurement, the paths interleaved "
                  "(throughput: best round; latency: median of all pings)")
       ->capture_default_str();
   app.add_option("--output,-o", output, "Output format: table (Markdown) or json")
@@ -747,44 +1102,46 @@ int Main(int argc, char** argv) {
   }
 
   if (malloc_mode == "tuned") TuneMallocForLargeMessages();
-  GrpcPath grpc_path;
+  PipePath pipe_path;
+  BareGrpcPath bare_path;
   TcpPath tcp_path;
-  if (auto st = grpc_path.Start(); !st.ok()) {
-    std::fprintf(stderr, "bench_transport: %s\n", st.ToString().c_str());
-    return 1;
-  }
-  if (auto st = tcp_path.Start(); !st.ok()) {
-    std::fprintf(stderr, "bench_transport: %s\n", st.ToString().c_str());
-    return 1;
+  for (absl::Status st : {pipe_path.Start(), bare_path.Start(), tcp_path.Start()}) {
+    if (!st.ok()) {
+      std::fprintf(stderr, "bench_transport: %s\n", st.ToString().c_str());
+      return 1;
+    }
   }
 
   std::vector<Row> rows;
   for (int64_t bytes : *sizes) {
-    const Payload payload(bytes);
+    const auto payload = std::make_shared<const Payload>(bytes);
     Row row;
     row.bytes = bytes;
     for (int round = 0; round < rounds; ++round) {
-      auto grpc_tp = MeasureThroughput(grpc_path, payload, bounds);
-      if (!Check(grpc_tp, "gRPC throughput", bytes)) return 1;
-      auto tcp_tp = MeasureThroughput(tcp_path, payload, bounds);
-      if (!Check(tcp_tp, "TCP throughput", bytes)) return 1;
-      auto grpc_lat = MeasureLatency(grpc_path, payload, bounds);
-      if (!Check(grpc_lat, "gRPC latency", bytes)) return 1;
-      auto tcp_lat = MeasureLatency(tcp_path, payload, bounds);
-      if (!Check(tcp_lat, "TCP latency", bytes)) return 1;
-      if (grpc_tp->gib_per_s() > row.grpc.gib_per_s()) row.grpc = *grpc_tp;
-      if (tcp_tp->gib_per_s() > row.tcp.gib_per_s()) row.tcp = *tcp_tp;
-      row.grpc_micros.insert(row.grpc_micros.end(), grpc_lat->begin(), grpc_lat->end());
-      row.tcp_micros.insert(row.tcp_micros.end(), tcp_lat->begin(), tcp_lat->end());
+      absl::StatusOr<Throughput> tp[kPaths] = {MeasureThroughput(pipe_path, payload, bounds),
+                                               MeasureThroughput(bare_path, payload, bounds),
+                                               MeasureThroughput(tcp_path, payload, bounds)};
+      absl::StatusOr<std::vector<double>> lat[kPaths] = {MeasureLatency(pipe_path, payload, bounds),
+                                                         MeasureLatency(bare_path, payload, bounds),
+                                                         MeasureLatency(tcp_path, payload, bounds)};
+      for (int p = 0; p < kPaths; ++p) {
+        if (!Check(tp[p], absl::StrCat(kPathNames[p], " throughput").c_str(), bytes) ||
+            !Check(lat[p], absl::StrCat(kPathNames[p], " latency").c_str(), bytes)) {
+          return 1;
+        }
+        if (tp[p]->gib_per_s() > row.best[p].gib_per_s()) row.best[p] = *tp[p];
+        row.micros[p].insert(row.micros[p].end(), lat[p]->begin(), lat[p]->end());
+      }
       std::fprintf(stderr,
-                   "%s round %d: gRPC %.2f GiB/s, TCP %.2f GiB/s; latency gRPC %.0f µs, "
-                   "TCP %.0f µs\n",
-                   SizeName(bytes).c_str(), round + 1, grpc_tp->gib_per_s(), tcp_tp->gib_per_s(),
-                   Median(*grpc_lat), Median(*tcp_lat));
+                   "%s round %d: Pipe %.2f, bare gRPC %.2f, TCP %.2f GiB/s; latency %.0f, %.0f, "
+                   "%.0f µs\n",
+                   SizeName(bytes).c_str(), round + 1, tp[0]->gib_per_s(), tp[1]->gib_per_s(),
+                   tp[2]->gib_per_s(), Median(*lat[0]), Median(*lat[1]), Median(*lat[2]));
     }
     rows.push_back(std::move(row));
   }
-  grpc_path.Stop();
+  pipe_path.Stop();
+  bare_path.Stop();
   tcp_path.Stop();
 
   if (output == "json") {

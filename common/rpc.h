@@ -27,6 +27,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& add
                                                           grpc::Service* service, int* port,
                                                           const std::string& flag);
 
+// Pipemare's server limits and keepalives on `builder` (what StartServer
+// uses; for servers built elsewhere, such as bench_transport's bare one).
+void ApplyServerOptions(grpc::ServerBuilder& builder);
+
 // A client context with a deadline `seconds` from now.
 std::unique_ptr<grpc::ClientContext> ContextWithDeadline(double seconds);
 
