@@ -477,7 +477,17 @@ void StageHost::ComputeLoop() {
     metrics_->idle_seconds->Increment(SecondsSince(waiting));
     if (!got) break;
     auto busy = std::chrono::steady_clock::now();
-    absl::Status st = Process(event);
+    absl::Status st;
+    // The stage's error boundary: the runtime turns LibTorch's exceptions
+    // into statuses, and whatever else throws here (a codec, an
+    // allocation) still becomes a stage error, never std::terminate.
+    try {
+      st = Process(event);
+    } catch (const c10::Error& e) {
+      st = absl::InternalError(e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      st = absl::InternalError(e.what());
+    }
     metrics_->busy_seconds->Increment(SecondsSince(busy));
     metrics_->Update(runtime_->Stats());
     if (!st.ok()) {
