@@ -111,6 +111,24 @@ struct Bounds {
   }
 };
 
+// --max-frame-size: HTTP/2's largest frame both gRPC paths advertise (0:
+// gRPC's default, 16 KiB). Issue 14 item 2's experiment.
+int g_max_frame_size = 0;
+
+std::shared_ptr<grpc::Channel> BenchChannel(int port) {
+  grpc::ChannelArguments args = ChannelArgs();
+  if (g_max_frame_size > 0) args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, g_max_frame_size);
+  return grpc::CreateCustomChannel(WithPort("127.0.0.1:0", port),
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
+void BenchServerOptions(grpc::ServerBuilder& builder) {
+  ApplyServerOptions(builder);
+  if (g_max_frame_size > 0) {
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, g_max_frame_size);
+  }
+}
+
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -294,11 +312,14 @@ class PipePath {
   ~PipePath() { Stop(); }
 
   absl::Status Start() {
+    grpc::ServerBuilder builder;
     int port = 0;
-    auto server = StartServer("127.0.0.1:0", &service_, &port, "bench server");
-    if (!server.ok()) return server.status();
-    server_ = std::move(*server);
-    channel_ = MakeChannel(WithPort("127.0.0.1:0", port));
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    BenchServerOptions(builder);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    if (!server_ || port == 0) return absl::UnavailableError("Pipe: cannot start a server");
+    channel_ = BenchChannel(port);
     if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
       return absl::UnavailableError(absl::StrCat("gRPC: cannot connect to 127.0.0.1:", port));
     }
@@ -627,11 +648,11 @@ class BareGrpcPath {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    ApplyServerOptions(builder);
+    BenchServerOptions(builder);
     builder.RegisterCallbackGenericService(&service_);
     server_ = builder.BuildAndStart();
     if (!server_ || port == 0) return absl::UnavailableError("bare gRPC: cannot start a server");
-    channel_ = MakeChannel(WithPort("127.0.0.1:0", port));
+    channel_ = BenchChannel(port);
     stub_ = std::make_unique<grpc::GenericStub>(channel_);
     bulk_ = std::make_unique<BareClientCall>(stub_.get(), "/bare/bulk");
     ping_ = std::make_unique<BareClientCall>(stub_.get(), "/bare/ping");
@@ -1073,6 +1094,15 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--output,-o", output, "Output format: table (Markdown) or json")
       ->capture_default_str();
+  app.add_option("--max-frame-size", g_max_frame_size,
+                 "HTTP/2 max frame size both gRPC paths advertise, 16384 to 16777215 (0: "
+                 "gRPC's default)")
+      ->check([](const std::string& v) -> std::string {
+        const long n = std::strtol(v.c_str(), nullptr, 10);
+        return n == 0 || (n >= 16384 && n <= 16777215)
+                   ? ""
+                   : "0 (gRPC's default) or 16384 to 16777215 bytes";
+      });
   app.add_option("--malloc", malloc_mode,
                  "tuned: TuneMallocForLargeMessages() as every Pipemare service calls it; "
                  "default: glibc's defaults")

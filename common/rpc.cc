@@ -30,14 +30,18 @@ void TuneMallocForLargeMessages() {
   mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+grpc::ChannelArguments ChannelArgs() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   SetKeepalive(args);
   // Reconnect quickly after a peer restarts.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return args;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), ChannelArgs());
 }
 
 void ApplyServerOptions(grpc::ServerBuilder& builder) {

@@ -16,8 +16,10 @@ namespace pipemare {
 // Largest message either side accepts: one microbatch of activations.
 inline constexpr int kMaxMessageBytes = 256 * 1024 * 1024;
 
-// A channel to `address` ("host:port") with Pipemare's limits and keepalives.
+// A channel to `address` ("host:port") with Pipemare's limits and keepalives
+// (ChannelArgs()).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+grpc::ChannelArguments ChannelArgs();
 
 // Starts a server for `service` on `address` ("host:port"; port 0 picks a
 // free one) with Pipemare's limits and keepalives. Returns the server and sets
