@@ -313,12 +313,25 @@ bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
                            t.status().message());
       } else {
         metrics_->received_gradient_bytes->Increment(message->data_size);
+        const uint64_t id = message->message.microbatch();
         {
           std::lock_guard<std::mutex> lock(mu_);
-          gradients_.push_back(Event{true, message->message.microbatch(), v1::TRAIN, *t});
+          // Never more gradients than microbatches in flight below this
+          // stage (the coordinator's window), and one per microbatch.
+          if (gradients_.size() >= inbox_capacity_) {
+            why = absl::StrCat("gradient of microbatch ", id, ": more than ", inbox_capacity_,
+                               " gradients waiting, more than the pipeline's window allows");
+          } else if (std::any_of(gradients_.begin(), gradients_.end(),
+                                 [&](const Event& e) { return e.microbatch == id; })) {
+            why = absl::StrCat("gradient of microbatch ", id, " arrived twice");
+          } else {
+            gradients_.push_back(Event{true, id, v1::TRAIN, *t});
+          }
         }
-        cv_.notify_all();
-        return true;
+        if (why.empty()) {
+          cv_.notify_all();
+          return true;
+        }
       }
     }
   } else if (side == Side::kTargets) {
@@ -331,12 +344,21 @@ bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
                            t.status().message());
       } else {
         metrics_->received_targets_bytes->Increment(t->nbytes());
+        const uint64_t id = message->message.microbatch();
         {
           std::lock_guard<std::mutex> lock(mu_);
-          targets_[message->message.microbatch()] = *t;
+          // The feed sends targets only for microbatches in the window.
+          if (targets_.size() >= inbox_capacity_) {
+            why = absl::StrCat("targets of microbatch ", id, ": more than ", inbox_capacity_,
+                               " targets waiting, more than the pipeline's window allows");
+          } else if (!targets_.emplace(id, *t).second) {
+            why = absl::StrCat("targets of microbatch ", id, " arrived twice");
+          }
         }
-        cv_.notify_all();
-        return true;
+        if (why.empty()) {
+          cv_.notify_all();
+          return true;
+        }
       }
     }
   } else if (!message->message.has_activation()) {

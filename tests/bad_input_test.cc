@@ -151,16 +151,11 @@ train: {epochs: 1}
   EXPECT_TRUE(cluster.coordinator().Running());
 }
 
-TEST(BadInput, WorkerRejectsMalformedTensorsWithoutCrashing) {
-  Cluster cluster(1);
-  ASSERT_TRUE(cluster.ok());
-  // A one-stage job, so the worker gets the feeds; then a raw Pipe stream
-  // with a truncated tensor must be refused and the worker keeps running.
-  v1::ListWorkersResponse workers = cluster.Workers();
-  ASSERT_EQ(workers.workers_size(), 1);
-  auto stub = v1::StageWorker::NewStub(MakeChannel(workers.workers(0).address()));
+// Loads a one-stage job `job_id` (a tiny MLP) on the worker behind `stub`,
+// so that a test can speak to its feeds with raw messages.
+grpc::Status LoadOneStageJob(v1::StageWorker::Stub& stub, const std::string& job_id) {
   v1::StageAssignment a;
-  a.set_job_id("raw-job");
+  a.set_job_id(job_id);
   a.set_stage(0);
   a.set_num_stages(1);
   a.set_first_unit(0);
@@ -173,11 +168,20 @@ TEST(BadInput, WorkerRejectsMalformedTensorsWithoutCrashing) {
   a.mutable_schedule()->set_type("pipemare");
   a.mutable_schedule()->set_microbatches_per_step(1);
   a.set_steps_per_epoch(1);
-  {
-    v1::LoadStageResponse resp;
-    auto ctx = ContextWithDeadline(10);
-    ASSERT_TRUE(stub->LoadStage(ctx.get(), a, &resp).ok());
-  }
+  v1::LoadStageResponse resp;
+  auto ctx = ContextWithDeadline(10);
+  return stub.LoadStage(ctx.get(), a, &resp);
+}
+
+TEST(BadInput, WorkerRejectsMalformedTensorsWithoutCrashing) {
+  Cluster cluster(1);
+  ASSERT_TRUE(cluster.ok());
+  // A one-stage job, so the worker gets the feeds; then a raw Pipe stream
+  // with a truncated tensor must be refused and the worker keeps running.
+  v1::ListWorkersResponse workers = cluster.Workers();
+  ASSERT_EQ(workers.workers_size(), 1);
+  auto stub = v1::StageWorker::NewStub(MakeChannel(workers.workers(0).address()));
+  ASSERT_TRUE(LoadOneStageJob(*stub, "raw-job").ok());
   grpc::ClientContext ctx;
   auto stream = stub->Pipe(&ctx);
   v1::StageMessage open;
@@ -203,6 +207,59 @@ TEST(BadInput, WorkerRejectsMalformedTensorsWithoutCrashing) {
   auto sctx = ContextWithDeadline(10);
   ASSERT_TRUE(stub->GetStageStatus(sctx.get(), sreq, &sresp).ok());
   EXPECT_TRUE(absl::StrContains(sresp.error(), "truncated")) << sresp.error();
+}
+
+TEST(BadInput, AFeedThatRepeatsOrFloodsMicrobatchesIsCutOffNamingWhy) {
+  // The target feed is trusted with nothing: a repeated microbatch id, or
+  // more targets than the pipeline's window could need (a peer growing the
+  // worker's memory without bound), ends the stream with INVALID_ARGUMENT
+  // and the stage's error says why; the worker keeps serving.
+  Cluster cluster(1);
+  ASSERT_TRUE(cluster.ok());
+  v1::ListWorkersResponse workers = cluster.Workers();
+  ASSERT_EQ(workers.workers_size(), 1);
+  auto stub = v1::StageWorker::NewStub(MakeChannel(workers.workers(0).address()));
+  auto targets = [](uint64_t id) {
+    v1::StageMessage m;
+    m.set_microbatch(id);
+    m.set_phase(v1::TRAIN);
+    m.mutable_targets()->set_dtype(v1::INT64);
+    m.mutable_targets()->add_shape(1);
+    m.mutable_targets()->set_data(std::string(8, '\0'));
+    return m;
+  };
+  struct Case {
+    std::string job;
+    std::vector<uint64_t> ids;
+    std::string why;
+  };
+  // One stage, N = 1: the window is max(P, 2N) + 2 = 4 microbatches.
+  for (const Case& c : {Case{"repeat-job", {7, 8, 7}, "targets of microbatch 7 arrived twice"},
+                        Case{"flood-job",
+                             {1, 2, 3, 4, 5},
+                             "targets of microbatch 5: more than 4 targets waiting"}}) {
+    SCOPED_TRACE(c.job);
+    ASSERT_TRUE(LoadOneStageJob(*stub, c.job).ok());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    auto stream = stub->Pipe(&ctx);
+    v1::StageMessage open;
+    open.mutable_open()->set_job_id(c.job);
+    open.mutable_open()->set_role(v1::StreamOpen::TARGET_FEED);
+    ASSERT_TRUE(stream->Write(open));
+    for (uint64_t id : c.ids) stream->Write(targets(id));
+    stream->WritesDone();
+    grpc::Status st = stream->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_TRUE(absl::StrContains(st.error_message(), c.why)) << st.error_message();
+    v1::StageStatusRequest sreq;
+    sreq.set_job_id(c.job);
+    v1::StageStatusResponse sresp;
+    auto sctx = ContextWithDeadline(10);
+    ASSERT_TRUE(stub->GetStageStatus(sctx.get(), sreq, &sresp).ok());
+    EXPECT_TRUE(absl::StrContains(sresp.error(), c.why)) << sresp.error();
+  }
+  EXPECT_TRUE(cluster.worker(0).Running()) << "the worker survives a hostile feed";
 }
 
 TEST(BadInput, NonFiniteNumbersAreRefusedByCoordinatorAndWorkerNamingTheField) {
