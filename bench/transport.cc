@@ -63,6 +63,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -122,11 +123,30 @@ std::shared_ptr<grpc::Channel> BenchChannel(int port) {
                                    grpc::InsecureChannelCredentials(), args);
 }
 
-void BenchServerOptions(grpc::ServerBuilder& builder) {
+// A loopback server with Pipemare's limits and keepalives (and
+// --max-frame-size), the services `add` registers, and a connected channel
+// to it.
+struct BenchServer {
+  std::unique_ptr<grpc::Server> server;
+  std::shared_ptr<grpc::Channel> channel;
+};
+absl::StatusOr<BenchServer> StartBenchServer(const std::function<void(grpc::ServerBuilder&)>& add) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   ApplyServerOptions(builder);
   if (g_max_frame_size > 0) {
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, g_max_frame_size);
   }
+  add(builder);
+  BenchServer out;
+  out.server = builder.BuildAndStart();
+  if (!out.server || port == 0) return absl::UnavailableError("cannot start a loopback server");
+  out.channel = BenchChannel(port);
+  if (!out.channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to 127.0.0.1:", port));
+  }
+  return out;
 }
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
@@ -312,17 +332,10 @@ class PipePath {
   ~PipePath() { Stop(); }
 
   absl::Status Start() {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    BenchServerOptions(builder);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    if (!server_ || port == 0) return absl::UnavailableError("Pipe: cannot start a server");
-    channel_ = BenchChannel(port);
-    if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
-      return absl::UnavailableError(absl::StrCat("gRPC: cannot connect to 127.0.0.1:", port));
-    }
+    auto started = StartBenchServer([&](grpc::ServerBuilder& b) { b.RegisterService(&service_); });
+    if (!started.ok()) return started.status();
+    server_ = std::move(started->server);
+    channel_ = std::move(started->channel);
     bulk_ = Open(v1::StreamOpen::PEER, &bulk_replies_);
     ping_ = Open(v1::StreamOpen::INPUT_FEED, &ping_replies_);
     return absl::OkStatus();
@@ -645,14 +658,11 @@ class BareGrpcPath {
 
   absl::Status Start() {
     // Pipemare's server limits and keepalives, without our service.
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    BenchServerOptions(builder);
-    builder.RegisterCallbackGenericService(&service_);
-    server_ = builder.BuildAndStart();
-    if (!server_ || port == 0) return absl::UnavailableError("bare gRPC: cannot start a server");
-    channel_ = BenchChannel(port);
+    auto started = StartBenchServer(
+        [&](grpc::ServerBuilder& b) { b.RegisterCallbackGenericService(&service_); });
+    if (!started.ok()) return started.status();
+    server_ = std::move(started->server);
+    channel_ = std::move(started->channel);
     stub_ = std::make_unique<grpc::GenericStub>(channel_);
     bulk_ = std::make_unique<BareClientCall>(stub_.get(), "/bare/bulk");
     ping_ = std::make_unique<BareClientCall>(stub_.get(), "/bare/ping");
