@@ -24,6 +24,9 @@ ROUNDS=${ROUNDS:-4}
 EXAMPLES=${EXAMPLES:-19200}
 EVERY=${EVERY:-50}
 
+# Plaintext, as every benchmark row before TLS was measured (the binaries
+# read PIPEMARE_INSECURE; older builds that compare_builds.sh runs ignore it).
+export PIPEMARE_INSECURE=1
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 state="$work/state"

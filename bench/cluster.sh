@@ -6,6 +6,9 @@
 # WORKER_CPUS: CPU ids to pin workers to, round robin (e.g. "0 1").
 # Also defines ctl (pipemarectl on this cluster), run_job, mlp_layers,
 # stage_metrics and stage_compute_metrics.
+# Plaintext, as every benchmark row before TLS was measured (the binaries
+# read PIPEMARE_INSECURE; older builds that compare_builds.sh runs ignore it).
+export PIPEMARE_INSECURE=1
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 "$bin/pipemare-coordinator" --listen 127.0.0.1:0 --address-file "$work/addr" \

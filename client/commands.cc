@@ -59,8 +59,15 @@ int ReportRpcError(const grpc::Status& status, const std::string& address) {
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       std::fprintf(stderr,
                    "error: cannot reach coordinator at %s (is it running? set "
-                   "--coordinator or PIPEMARE_COORDINATOR): %s\n",
+                   "--coordinator or PIPEMARE_COORDINATOR; a TLS handshake that fails also "
+                   "ends here: --insecure for a plaintext coordinator, --tls-ca for one whose "
+                   "CA this host does not trust): %s\n",
                    address.c_str(), message.c_str());
+      return kExitFailed;
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      std::fprintf(stderr, "error: the coordinator at %s refused this call: %s\n", address.c_str(),
+                   message.c_str());
       return kExitFailed;
     case grpc::StatusCode::INVALID_ARGUMENT:
       std::fprintf(stderr, "error: %s\n", message.c_str());

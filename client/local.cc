@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "client/follow.h"
 #include "client/format.h"
+#include "common/dev_pki.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
 
@@ -327,13 +328,21 @@ void LocalCluster::PrintLogTails(const std::string& name) {
 
 // Starts the coordinator and waits for its address file. Returns its
 // address, or an error (CANCELLED when interrupted).
-absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster, const std::string& binary) {
+absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster, const std::string& binary,
+                                             std::vector<std::string> security) {
   const std::string address_file = cluster.dir() + "/coordinator.addr";
-  absl::Status started = cluster.Start(
-      "coordinator", binary,
-      {"--listen", "127.0.0.1:0", "--address-file", address_file, "--metrics-listen", "127.0.0.1:0",
-       "--metrics-address-file", cluster.dir() + "/coordinator.metrics", "--state-dir",
-       cluster.dir() + "/state"});
+  std::vector<std::string> args = {"--listen",
+                                   "127.0.0.1:0",
+                                   "--address-file",
+                                   address_file,
+                                   "--metrics-listen",
+                                   "127.0.0.1:0",
+                                   "--metrics-address-file",
+                                   cluster.dir() + "/coordinator.metrics",
+                                   "--state-dir",
+                                   cluster.dir() + "/state"};
+  args.insert(args.end(), security.begin(), security.end());
+  absl::Status started = cluster.Start("coordinator", binary, args);
   if (!started.ok()) return started;
 
   const auto deadline = After(kCoordinatorStartSeconds);
@@ -360,13 +369,16 @@ absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster, const std::s
 // `targets_file` is set, writes them there as Prometheus file_sd targets.
 absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
                           const std::string& coordinator, int count, int threads,
-                          const std::string& targets_file) {
+                          const std::string& targets_file,
+                          const std::vector<std::string>& security) {
   for (int k = 1; k <= count; ++k) {
-    absl::Status started =
-        cluster.Start(absl::StrCat("worker-", k), binary,
-                      {"--coordinator", coordinator, "--listen", "127.0.0.1:0", "--threads",
-                       std::to_string(threads), "--workers-per-host", std::to_string(count),
-                       "--metrics-listen", "127.0.0.1:0"});
+    std::vector<std::string> args = {"--coordinator",      coordinator,
+                                     "--listen",           "127.0.0.1:0",
+                                     "--threads",          std::to_string(threads),
+                                     "--workers-per-host", std::to_string(count),
+                                     "--metrics-listen",   "127.0.0.1:0"};
+    args.insert(args.end(), security.begin(), security.end());
+    absl::Status started = cluster.Start(absl::StrCat("worker-", k), binary, args);
     if (!started.ok()) return started;
   }
 
@@ -496,17 +508,47 @@ int RunLocal(const GlobalOptions& options, const LocalOptions& local) {
     return kExitFailed;
   }
 
+  // TLS between every process and a submit token for this client, from a
+  // throwaway CA in the run's directory (gone with it).
+  std::vector<std::string> coordinator_security = {"--insecure"}, worker_security = {"--insecure"};
+  if (!local.insecure) {
+    DevPkiOptions pki_options;
+    pki_options.dir = *dir + "/pki";
+    pki_options.days = 7;
+    absl::StatusOr<DevPki> pki = MakeDevPki(pki_options);
+    if (!pki.ok()) {
+      std::fprintf(stderr, "error: cannot make the run's certificates: %s\n",
+                   std::string(pki.status().message()).c_str());
+      return kExitFailed;
+    }
+    coordinator_security = {
+        "--tls-ca",           pki->ca,         "--tls-cert", pki->coordinator_cert, "--tls-key",
+        pki->coordinator_key, "--tokens-file", pki->tokens};
+    worker_security = {"--tls-ca",           pki->ca,     "--tls-cert",
+                       pki->worker_certs[0], "--tls-key", pki->worker_keys[0]};
+    SecurityFlags client;
+    client.ca_file = pki->ca;
+    client.token_file = pki->submit_token;
+    absl::StatusOr<RpcSecurity> security = LoadRpcSecurity(client, /*role=*/"");
+    if (!security.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(security.status().message()).c_str());
+      return kExitFailed;
+    }
+    SetRpcSecurity(std::move(*security));
+  }
+
   InstallInterruptHandlers();
   int code = kExitFailed;
   {
     LocalCluster cluster(*dir);
     GlobalOptions job_options = options;
-    absl::StatusOr<std::string> address = StartCoordinator(cluster, *coordinator_bin);
+    absl::StatusOr<std::string> address =
+        StartCoordinator(cluster, *coordinator_bin, coordinator_security);
     absl::Status up = address.status();
     if (up.ok()) {
       job_options.coordinator = *address;
       up = StartWorkers(cluster, *worker_bin, *address, workers, local.threads,
-                        local.prometheus_targets);
+                        local.prometheus_targets, worker_security);
     }
     if (absl::IsCancelled(up)) {
       code = kExitInterrupted;
@@ -516,8 +558,10 @@ int RunLocal(const GlobalOptions& options, const LocalOptions& local) {
       std::fprintf(stderr, "error: local cluster did not start: %s\n",
                    std::string(up.message()).c_str());
     } else {
-      std::fprintf(stderr, "started coordinator at %s and %d workers (logs in %s)\n",
-                   address->c_str(), workers, dir->c_str());
+      std::fprintf(stderr, "started coordinator at %s and %d workers, %s (logs in %s)\n",
+                   address->c_str(), workers,
+                   local.insecure ? "plaintext (--insecure)" : "mutual TLS and a token",
+                   dir->c_str());
       code = SubmitAndFollow(cluster, job_options, *spec, local.export_file);
     }
     cluster.StopAll();

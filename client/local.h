@@ -19,6 +19,9 @@ struct LocalOptions {
   // If set, a Prometheus file_sd targets file naming the coordinator's and
   // every worker's /metrics (deploy/prometheus/local.yml reads such files).
   std::string prometheus_targets;
+  // Plaintext without authentication instead of a throwaway CA's mutual
+  // TLS and a token.
+  bool insecure = false;
 };
 
 // Validates the spec, starts the cluster, runs the job to its end, prints the

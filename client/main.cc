@@ -5,9 +5,12 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_split.h"
 #include "client/commands.h"
 #include "client/local.h"
 #include "client/simulate.h"
+#include "common/dev_pki.h"
+#include "common/security.h"
 
 namespace pipemare::client {
 namespace {
@@ -32,6 +35,9 @@ int Main(int argc, char** argv) {
   app.add_option("--output,-o", output, "Output format")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
+
+  SecurityFlags security_flags;
+  AddSecurityFlags(app, &security_flags, /*client=*/true);
 
   std::string file;
   std::string job_id;
@@ -112,6 +118,24 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
+  DevPkiOptions dev_ca;
+  std::vector<std::string> worker_hosts;
+  CLI::App* dev_ca_cmd = app.add_subcommand(
+      "dev-ca",
+      "Make a development cluster CA, the coordinator's and workers' certificates and two "
+      "client tokens (scripts/dev-ca.sh; for trying TLS out, not for production)");
+  dev_ca_cmd->add_option("--out", dev_ca.dir, "Directory to write them to")->required();
+  dev_ca_cmd
+      ->add_option("--coordinator-host", dev_ca.coordinator_hosts,
+                   "A name or IP address the coordinator is reached by (repeat for more)")
+      ->capture_default_str();
+  dev_ca_cmd->add_option("--worker-host", worker_hosts,
+                         "One worker certificate per use, naming HOST[,HOST...]: the addresses "
+                         "that worker may advertise (default: one for 127.0.0.1,localhost)");
+  dev_ca_cmd->add_option("--days", dev_ca.days, "Days the certificates are valid")
+      ->check(CLI::Range(1, 3650))
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -119,6 +143,40 @@ int Main(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitBadInput;
   }
   options.output = output == "json" ? OutputFormat::kJson : OutputFormat::kTable;
+  if (*simulate_cmd) return RunSimulate(simulate);
+  if (*dev_ca_cmd) {
+    if (!worker_hosts.empty()) {
+      dev_ca.workers.clear();
+      for (const std::string& hosts : worker_hosts) {
+        dev_ca.workers.push_back(absl::StrSplit(hosts, ',', absl::SkipEmpty()));
+      }
+    }
+    auto pki = MakeDevPki(dev_ca);
+    if (!pki.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(pki.status().message()).c_str());
+      return kExitFailed;
+    }
+    std::printf(
+        "wrote to %s:\n"
+        "  ca.pem (ca.key)        the cluster CA: every service's --tls-ca, a client's --tls-ca\n"
+        "  coordinator.pem/.key   the coordinator's --tls-cert/--tls-key\n"
+        "  worker*.pem/.key       each worker's --tls-cert/--tls-key\n"
+        "  tokens                 the coordinator's --tokens-file (admin: submit, viewer: read)\n"
+        "  submit.token           a client's --token-file for admin; read.token for viewer\n",
+        dev_ca.dir.c_str());
+    return kExitOk;
+  }
+  if (*local_cmd) {
+    // Runs its own coordinator and workers with a throwaway CA and token.
+    local.insecure = security_flags.insecure;
+    return RunLocal(options, local);
+  }
+  auto security = LoadRpcSecurity(security_flags, /*role=*/"");
+  if (!security.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(security.status().message()).c_str());
+    return kExitBadInput;
+  }
+  SetRpcSecurity(std::move(*security));
 
   if (*submit) return RunSubmit(options, file, wait, from);
   if (*status) return RunStatus(options, job_id);
@@ -128,8 +186,6 @@ int Main(int argc, char** argv) {
   if (*workers) return RunWorkers(options);
   if (*resume) return RunResume(options, job_id, wait);
   if (*export_cmd) return RunExport(options, job_id, export_step, export_out);
-  if (*local_cmd) return RunLocal(options, local);
-  if (*simulate_cmd) return RunSimulate(simulate);
   return kExitBadInput;
 }
 

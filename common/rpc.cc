@@ -41,7 +41,7 @@ grpc::ChannelArguments ChannelArgs() {
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), ChannelArgs());
+  return grpc::CreateCustomChannel(address, MakeChannelCredentials(), ChannelArgs());
 }
 
 void ApplyServerOptions(grpc::ServerBuilder& builder) {
@@ -59,10 +59,16 @@ void ApplyServerOptions(grpc::ServerBuilder& builder) {
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
                                                           grpc::Service* service, int* port,
-                                                          const std::string& flag) {
+                                                          const std::string& flag,
+                                                          std::shared_ptr<AccessPolicy> policy,
+                                                          bool require_client_certificate) {
+  if (!CurrentRpcSecurity().insecure && !policy) {
+    return absl::InternalError(absl::StrCat(flag, ": a TLS server needs an access policy"));
+  }
   grpc::ServerBuilder builder;
   *port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.AddListeningPort(
+      address, MakeServerCredentials(std::move(policy), require_client_certificate), port);
   builder.RegisterService(service);
   ApplyServerOptions(builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/security.h"
 
 namespace pipemare {
 
@@ -17,17 +18,20 @@ namespace pipemare {
 inline constexpr int kMaxMessageBytes = 256 * 1024 * 1024;
 
 // A channel to `address` ("host:port") with Pipemare's limits and keepalives
-// (ChannelArgs()).
+// (ChannelArgs()), over TLS with this process's certificate and token when
+// the process has them (CurrentRpcSecurity()).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 grpc::ChannelArguments ChannelArgs();
 
 // Starts a server for `service` on `address` ("host:port"; port 0 picks a
-// free one) with Pipemare's limits and keepalives. Returns the server and sets
-// `*port` to the bound port, or an error naming `flag` (e.g. "--listen") when
-// the address cannot be bound.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
-                                                          grpc::Service* service, int* port,
-                                                          const std::string& flag);
+// free one) with Pipemare's limits and keepalives. Over TLS (the process's
+// RpcSecurity), `policy` checks every call and a client certificate is
+// required when `require_client_certificate` (MakeServerCredentials).
+// Returns the server and sets `*port` to the bound port, or an error naming
+// `flag` (e.g. "--listen") when the address cannot be bound.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
+    const std::string& address, grpc::Service* service, int* port, const std::string& flag,
+    std::shared_ptr<AccessPolicy> policy = nullptr, bool require_client_certificate = true);
 
 // Pipemare's server limits and keepalives on `builder` (what StartServer
 // uses; for servers built elsewhere, such as bench_transport's bare one).

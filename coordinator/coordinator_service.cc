@@ -5,12 +5,29 @@
 
 namespace pipemare {
 
-grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+std::map<std::string, unsigned> CoordinatorAccessRules() {
+  const std::string service = absl::StrCat("/", v1::Coordinator::service_full_name(), "/");
+  std::map<std::string, unsigned> rules;
+  for (const char* method : {"GetJob", "ListJobs", "WatchJob", "ListWorkers"}) {
+    rules[service + method] = kReader;
+  }
+  for (const char* method : {"SubmitJob", "CancelJob", "ExportModel", "ResumeJob"}) {
+    rules[service + method] = kSubmitter;
+  }
+  for (const char* method : {"RegisterWorker", "Heartbeat", "DrainWorker"}) {
+    rules[service + method] = kWorker;
+  }
+  return rules;
+}
+
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
+                                           const v1::SubmitJobRequest* req,
                                            v1::SubmitJobResponse* resp) {
   if (!req->has_spec()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec: required");
-  auto job = manager_->Submit(req->spec(), req->from_checkpoint());
+  const std::string submitter = CallerName(*context);
+  auto job = manager_->Submit(req->spec(), req->from_checkpoint(), submitter);
   if (!job.ok()) {
-    LogWarning(absl::StrCat("refused a job: ", job.status().message()));
+    LogWarning(absl::StrCat("refused a job from ", submitter, ": ", job.status().message()));
     return ToGrpc(job.status());
   }
   *resp->mutable_job() = *job;
@@ -63,9 +80,13 @@ grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext*, const v1::Lis
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
+grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
                                                 const v1::RegisterWorkerRequest* req,
                                                 v1::RegisterWorkerResponse* resp) {
+  if (auto st = CheckCertificateNamesAddress(*context, req->address()); !st.ok()) {
+    LogWarning(absl::StrCat("refused a worker registering ", req->address(), ": ", st.message()));
+    return ToGrpc(st);
+  }
   auto id = registry_->Register(*req);
   if (!id.ok()) return ToGrpc(id.status());
   LogInfo(absl::StrCat("worker ", *id, " registered from ", req->address(), " (device ",

@@ -3,10 +3,17 @@
 #ifndef PIPEMARE_COORDINATOR_COORDINATOR_SERVICE_H_
 #define PIPEMARE_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <map>
+#include <string>
+
 #include "coordinator/job_manager.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
 
 namespace pipemare {
+
+// Who may call each Coordinator method (common/security.h): clients with
+// tokens, workers with their certificates.
+std::map<std::string, unsigned> CoordinatorAccessRules();
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:

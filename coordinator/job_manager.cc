@@ -106,7 +106,8 @@ absl::StatusOr<Manifest> JobManager::ResolveFrom(const std::string& from,
   return m;
 }
 
-absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::string& from) {
+absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::string& from,
+                                                 const std::string& submitter) {
   ApplyJobSpecDefaults(spec);
   if (auto st = ValidateJobSpec(spec); !st.ok()) return st;
   // The data files' headers and labels, and the model against them (the
@@ -127,12 +128,16 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
     }
   }
   v1::JobStatus job = store_->Create(spec);
-  if (!from_manifest.empty()) {
-    store_->Update(job.id(), [&](v1::JobStatus& s) { s.set_from_checkpoint(from_manifest); })
-        .IgnoreError();
-  }
-  LogInfo(ForJob(job.id()), absl::StrCat("accepted '", spec.name(), "' (", spec.schedule().type(),
-                                         ", ", spec.schedule().stages(), " stages): PENDING"));
+  store_
+      ->Update(job.id(),
+               [&](v1::JobStatus& s) {
+                 s.set_from_checkpoint(from_manifest);
+                 s.set_submitted_by(submitter);
+               })
+      .IgnoreError();
+  LogInfo(ForJob(job.id()), absl::StrCat("accepted '", spec.name(), "' from ", submitter, " (",
+                                         spec.schedule().type(), ", ", spec.schedule().stages(),
+                                         " stages): PENDING"));
   Poke();
   return store_->Get(job.id());
 }

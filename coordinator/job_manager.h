@@ -47,7 +47,8 @@ class JobManager {
   // `from`: SubmitJobRequest.from_checkpoint (empty: from the first step);
   // refused naming the field when it names no verified checkpoint, or one of
   // another number of units.
-  absl::StatusOr<v1::JobStatus> Submit(v1::JobSpec spec, const std::string& from = "");
+  absl::StatusOr<v1::JobStatus> Submit(v1::JobSpec spec, const std::string& from = "",
+                                       const std::string& submitter = "anonymous");
   // PENDING -> CANCELLED at once; RUNNING -> CANCELLED once its runner stops
   // (within a second). FAILED_PRECONDITION for a job that already ended.
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& id);

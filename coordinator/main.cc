@@ -49,6 +49,13 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-address-file", metrics_address_file,
                  "write the bound metrics host:port here once serving (for launchers)");
   app.add_option("--log-format", log_format, "text or json");
+  pipemare::SecurityFlags security_flags;
+  pipemare::AddSecurityFlags(app, &security_flags, /*client=*/false);
+  std::string tokens_file;
+  app.add_option("--tokens-file", tokens_file,
+                 "the clients' bearer tokens, one 'NAME ROLE TOKEN' per line (ROLE read or "
+                 "submit); required with TLS")
+      ->envname("PIPEMARE_TOKENS_FILE");
   CLI11_PARSE(app, argc, argv);
   if (auto st = pipemare::InitLogging(log_format); !st.ok()) {
     std::cerr << "error: " << st.message() << std::endl;
@@ -58,6 +65,32 @@ int main(int argc, char** argv) {
     pipemare::LogError("error: --heartbeat-interval must be shorter than --worker-timeout");
     return 2;
   }
+  auto security = pipemare::LoadRpcSecurity(security_flags, pipemare::kCoordinatorName);
+  if (!security.ok()) {
+    pipemare::LogError(absl::StrCat("error: ", security.status().message()));
+    return 2;
+  }
+  std::vector<pipemare::TokenEntry> tokens;
+  if (!security->insecure) {
+    if (tokens_file.empty()) {
+      pipemare::LogError(
+          "error: --tokens-file is required with TLS: clients authenticate with bearer tokens "
+          "(scripts/dev-ca.sh writes one), or give --insecure");
+      return 2;
+    }
+    auto loaded = pipemare::LoadTokens(tokens_file);
+    if (!loaded.ok()) {
+      pipemare::LogError(absl::StrCat("error: ", loaded.status().message()));
+      return 2;
+    }
+    tokens = std::move(*loaded);
+  } else {
+    pipemare::LogWarning(
+        "--insecure: plaintext gRPC, and anyone who reaches this port may submit jobs and "
+        "register workers");
+  }
+  const bool insecure = security->insecure;
+  pipemare::SetRpcSecurity(std::move(*security));
   pipemare::BlockStopSignals();
   // Draining waits drain_timeout + 5 s for running jobs, then the server
   // 2 s; whatever still holds the process after that is cut short.
@@ -102,14 +135,20 @@ int main(int argc, char** argv) {
     metrics_server = std::move(*m);
   }
   int port = 0;
-  auto started = pipemare::StartServer(listen, &service, &port, "--listen");
+  auto policy = std::make_shared<pipemare::AccessPolicy>(pipemare::CoordinatorAccessRules(),
+                                                         std::move(tokens));
+  // Clients present tokens, workers certificates: a client certificate is
+  // verified when presented, not required.
+  auto started = pipemare::StartServer(listen, &service, &port, "--listen", policy,
+                                       /*require_client_certificate=*/false);
   if (!started.ok()) {
     pipemare::LogError(absl::StrCat("error: ", started.status().message()));
     return 2;
   }
   std::unique_ptr<grpc::Server> server = std::move(*started);
   const std::string bound = pipemare::WithPort(listen, port);
-  pipemare::LogInfo(absl::StrCat("pipemare-coordinator serving on ", bound, ", metrics on ",
+  pipemare::LogInfo(absl::StrCat("pipemare-coordinator serving on ", bound,
+                                 insecure ? " (plaintext)" : " (TLS)", ", metrics on ",
                                  metrics_server ? metrics_server->address() : "(off)"));
   // Written atomically (rename): a reader sees the whole address or nothing.
   auto write_file = [](const std::string& path, const std::string& text) {

@@ -100,12 +100,26 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-listen", metrics_listen,
                  "host:port for Prometheus /metrics (port 0 = any; empty = off)");
   app.add_option("--log-format", log_format, "text or json");
+  pipemare::SecurityFlags security_flags;
+  pipemare::AddSecurityFlags(app, &security_flags, /*client=*/false);
   CLI11_PARSE(app, argc, argv);
 
   if (auto st = pipemare::InitLogging(log_format); !st.ok()) {
     std::cerr << "error: " << st.message() << std::endl;
     return 2;
   }
+  auto security = pipemare::LoadRpcSecurity(security_flags, pipemare::kWorkerName);
+  if (!security.ok()) {
+    pipemare::LogError(absl::StrCat("error: ", security.status().message()));
+    return 2;
+  }
+  const bool insecure = security->insecure;
+  if (insecure) {
+    pipemare::LogWarning(
+        "--insecure: plaintext gRPC, and anyone who reaches this port may load a stage or "
+        "feed the pipeline");
+  }
+  pipemare::SetRpcSecurity(std::move(*security));
   pipemare::BlockStopSignals();
   // The drain waits at most drain_timeout, the server 2 s; whatever still
   // holds the process after that is cut short.
@@ -141,7 +155,11 @@ int main(int argc, char** argv) {
   }
   pipemare::WorkerService service(*device, "", &metrics, virtual_device);
   int port = 0;
-  auto started = pipemare::StartServer(listen, &service, &port, "--listen");
+  auto started =
+      pipemare::StartServer(listen, &service, &port, "--listen",
+                            std::make_shared<pipemare::AccessPolicy>(
+                                pipemare::WorkerAccessRules(), std::vector<pipemare::TokenEntry>{}),
+                            /*require_client_certificate=*/true);
   if (!started.ok()) {
     pipemare::LogError(absl::StrCat("error: ", started.status().message()));
     return 2;
@@ -179,7 +197,8 @@ int main(int argc, char** argv) {
           advertise, std::stoi(metrics_address.substr(metrics_address.rfind(':') + 1)));
     }
   }
-  pipemare::LogInfo(absl::StrCat("pipemare-worker serving on ", advertise, " (device ", device_flag,
+  pipemare::LogInfo(absl::StrCat("pipemare-worker serving on ", advertise,
+                                 insecure ? " (plaintext)" : " (TLS)", " (device ", device_flag,
                                  ", threads ", threads, "), metrics on ",
                                  metrics_address.empty() ? "(off)" : metrics_address));
 

@@ -8,6 +8,17 @@
 
 namespace pipemare {
 
+std::map<std::string, unsigned> WorkerAccessRules() {
+  const std::string service = absl::StrCat("/", v1::StageWorker::service_full_name(), "/");
+  std::map<std::string, unsigned> rules;
+  for (const char* method :
+       {"LoadStage", "GetStageStatus", "ReleaseStage", "CutCheckpoint", "ProfileUnits"}) {
+    rules[service + method] = kCoordinator;
+  }
+  rules[service + "Pipe"] = kCoordinator | kWorker;
+  return rules;
+}
+
 std::shared_ptr<StageHost> WorkerService::Current(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (host_ && host_->job_id() == job_id) return host_;

@@ -5,6 +5,7 @@
 #ifndef PIPEMARE_STAGE_WORKER_WORKER_SERVICE_H_
 #define PIPEMARE_STAGE_WORKER_WORKER_SERVICE_H_
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13,6 +14,11 @@
 #include "stage_worker/stage_host.h"
 
 namespace pipemare {
+
+// Who may call each StageWorker method (common/security.h): the pipeline
+// stream takes the coordinator (its feeds) and neighbouring workers; every
+// other method only the coordinator.
+std::map<std::string, unsigned> WorkerAccessRules();
 
 // Pipe is served on gRPC's callback API with raw byte buffers
 // (common/pipe_stream.h); the other methods are synchronous.

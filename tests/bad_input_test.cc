@@ -181,7 +181,10 @@ TEST(BadInput, WorkerRejectsMalformedTensorsWithoutCrashing) {
   v1::ListWorkersResponse workers = cluster.Workers();
   ASSERT_EQ(workers.workers_size(), 1);
   auto stub = v1::StageWorker::NewStub(MakeChannel(workers.workers(0).address()));
-  ASSERT_TRUE(LoadOneStageJob(*stub, "raw-job").ok());
+  {
+    grpc::Status loaded = LoadOneStageJob(*stub, "raw-job");
+    ASSERT_TRUE(loaded.ok()) << loaded.error_message();
+  }
   grpc::ClientContext ctx;
   auto stream = stub->Pipe(&ctx);
   v1::StageMessage open;

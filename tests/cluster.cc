@@ -9,9 +9,52 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/security.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace pipemare::testing {
+
+const DevPki& TestPki() {
+  static const DevPki* pki = [] {
+    DevPkiOptions options;
+    options.dir = MakeTempDir() + "/pki";
+    auto made = MakeDevPki(options);
+    if (!made.ok()) {
+      std::cerr << "cannot make the test PKI: " << made.status() << std::endl;
+      std::abort();
+    }
+    SecurityFlags flags;
+    flags.ca_file = made->ca;
+    flags.cert_file = made->coordinator_cert;
+    flags.key_file = made->coordinator_key;
+    auto security = LoadRpcSecurity(flags, kCoordinatorName);
+    if (!security.ok()) {
+      std::cerr << "cannot load the test PKI: " << security.status() << std::endl;
+      std::abort();
+    }
+    auto token = LoadToken(made->submit_token, "submit.token");
+    security->token = *token;
+    SetRpcSecurity(*security);
+    return new DevPki(*made);
+  }();
+  return *pki;
+}
+
+std::vector<std::string> CoordinatorTlsFlags() {
+  const DevPki& pki = TestPki();
+  return {"--tls-ca",          pki.ca,          "--tls-cert", pki.coordinator_cert, "--tls-key",
+          pki.coordinator_key, "--tokens-file", pki.tokens};
+}
+
+std::vector<std::string> WorkerTlsFlags() {
+  const DevPki& pki = TestPki();
+  return {"--tls-ca", pki.ca, "--tls-cert", pki.worker_certs[0], "--tls-key", pki.worker_keys[0]};
+}
+
+std::vector<std::string> ClientTlsFlags() {
+  const DevPki& pki = TestPki();
+  return {"--tls-ca", pki.ca, "--token-file", pki.submit_token};
+}
 
 Cluster::Cluster(int workers, std::vector<std::string> coordinator_flags)
     : dir_(MakeTempDir()), coordinator_flags_(std::move(coordinator_flags)) {
@@ -49,6 +92,7 @@ void Cluster::StartCoordinator() {
                                    "--metrics-address-file",
                                    metrics_file};
   argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
+  for (const std::string& flag : CoordinatorTlsFlags()) argv.push_back(flag);
   argv.insert(argv.begin(), coordinator_wrapper_.begin(), coordinator_wrapper_.end());
   coordinator_ = std::make_unique<Process>(
       argv, absl::StrCat(dir_, "/coordinator-", ++coordinator_starts_, ".log"));
@@ -65,15 +109,24 @@ void Cluster::StartCoordinator() {
 
 void Cluster::AddWorker() {
   const int i = static_cast<int>(workers_.size());
-  workers_.push_back(std::make_unique<Process>(
-      std::vector<std::string>{BinDir() + "/pipemare-worker", "--coordinator", address_, "--listen",
-                               "127.0.0.1:0", "--threads", "1", "--coordinator-timeout", "4",
-                               "--metrics-listen", "127.0.0.1:0"},
-      absl::StrCat(dir_, "/worker-", i, ".log")));
+  std::vector<std::string> argv = {BinDir() + "/pipemare-worker",
+                                   "--coordinator",
+                                   address_,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--threads",
+                                   "1",
+                                   "--coordinator-timeout",
+                                   "4",
+                                   "--metrics-listen",
+                                   "127.0.0.1:0"};
+  for (const std::string& flag : WorkerTlsFlags()) argv.push_back(flag);
+  workers_.push_back(std::make_unique<Process>(argv, absl::StrCat(dir_, "/worker-", i, ".log")));
 }
 
 CommandResult Cluster::Ctl(const std::vector<std::string>& args, double timeout_seconds) {
   std::vector<std::string> argv = {BinDir() + "/pipemarectl", "--coordinator", address_};
+  for (const std::string& flag : ClientTlsFlags()) argv.push_back(flag);
   argv.insert(argv.end(), args.begin(), args.end());
   return Run(argv, timeout_seconds);
 }

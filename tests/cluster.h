@@ -8,11 +8,22 @@
 #include <string>
 #include <vector>
 
+#include "common/dev_pki.h"
 #include "google/protobuf/util/json_util.h"
 #include "pipemare/v1/pipemare.pb.h"
 #include "tests/process.h"
 
 namespace pipemare::testing {
+
+// The test process's development PKI, made once (common/dev_pki.h): every
+// Cluster's coordinator and workers run mutual TLS with its certificates,
+// pipemarectl calls with its submit token, and the test process itself calls
+// as the coordinator (its certificate) with the submit token.
+const DevPki& TestPki();
+// The flags that give a process its part of TestPki().
+std::vector<std::string> CoordinatorTlsFlags();
+std::vector<std::string> WorkerTlsFlags();
+std::vector<std::string> ClientTlsFlags();
 
 class Cluster {
  public:

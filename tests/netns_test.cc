@@ -91,6 +91,27 @@ class Hosts {
   std::vector<std::string> namespaces_;
 };
 
+// Certificates for the hosts: the coordinator's names 10.77.0.1, worker i's
+// (worker_certs[i - 1]) names host i's address, as a cluster's would.
+const DevPki& HostsPki() {
+  static const DevPki* pki = [] {
+    DevPkiOptions options;
+    options.dir = MakeTempDir() + "/hosts-pki";
+    options.coordinator_hosts = {Hosts::Address(0)};
+    options.workers.clear();
+    for (int i = 1; i <= 8; ++i) options.workers.push_back({Hosts::Address(i)});
+    return new DevPki(MakeDevPki(options).value());
+  }();
+  return *pki;
+}
+
+std::vector<std::string> HostWorkerTls(int i) {
+  const DevPki& pki = HostsPki();
+  return {"--tls-ca",   pki.ca,
+          "--tls-cert", pki.worker_certs[i - 1],
+          "--tls-key",  pki.worker_keys[i - 1]};
+}
+
 // The README's processes on separate hosts: the coordinator on host 0
 // (`--listen 0.0.0.0:7070 --state-dir DIR`, plus `coordinator_flags`), a
 // worker on each of hosts 1..workers (`--coordinator HOST:7070 --listen
@@ -102,12 +123,23 @@ struct HostCluster {
     std::vector<std::string> argv = {BinDir() + "/pipemare-coordinator", "--listen", "0.0.0.0:7070",
                                      "--state-dir", dir + "/state"};
     argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
+    const DevPki& pki = HostsPki();
+    argv.insert(argv.end(), {"--tls-ca", pki.ca, "--tls-cert", pki.coordinator_cert, "--tls-key",
+                             pki.coordinator_key, "--tokens-file", pki.tokens});
     coordinator = std::make_unique<Process>(hosts.In(0, argv), dir + "/coordinator.log");
     for (int i = 1; i <= workers; ++i) {
-      this->workers.push_back(std::make_unique<Process>(
-          hosts.In(i, {BinDir() + "/pipemare-worker", "--coordinator", "10.77.0.1:7070", "--listen",
-                       "0.0.0.0:7071", "--device", "cpu", "--threads", "1"}),
-          absl::StrCat(dir, "/worker-", i, ".log")));
+      std::vector<std::string> worker = {BinDir() + "/pipemare-worker",
+                                         "--coordinator",
+                                         "10.77.0.1:7070",
+                                         "--listen",
+                                         "0.0.0.0:7071",
+                                         "--device",
+                                         "cpu",
+                                         "--threads",
+                                         "1"};
+      for (const std::string& flag : HostWorkerTls(i)) worker.push_back(flag);
+      this->workers.push_back(
+          std::make_unique<Process>(hosts.In(i, worker), absl::StrCat(dir, "/worker-", i, ".log")));
     }
   }
   std::string Logs() const {
@@ -116,7 +148,8 @@ struct HostCluster {
     return all;
   }
   static CommandResult Ctl(std::vector<std::string> args, double timeout) {
-    args.insert(args.begin(), {BinDir() + "/pipemarectl", "--coordinator", "10.77.0.1:7070"});
+    args.insert(args.begin(), {BinDir() + "/pipemarectl", "--coordinator", "10.77.0.1:7070",
+                               "--tls-ca", HostsPki().ca, "--token-file", HostsPki().submit_token});
     return pipemare::testing::Run(args, timeout);
   }
   std::unique_ptr<Process> coordinator;
@@ -161,13 +194,22 @@ TEST(SeparateHosts, TheExampleTrainsOnHostsThatShareAHostnameWithTheReadmesFlags
   }
   EXPECT_EQ(registrations, kWorkers) << log;
 
-  // A fifth process claiming worker 1's address is refused, naming the
+  // A fifth process claiming worker 1's address (with worker 1's
+  // certificate, as a cloned host would have) is refused, naming the
   // address and the fix, and evicts nobody.
-  Process impostor(
-      hosts.In(2, {BinDir() + "/pipemare-worker", "--coordinator", "10.77.0.1:7070", "--listen",
-                   "0.0.0.0:7072", "--advertise", absl::StrCat(Hosts::Address(1), ":7071"),
-                   "--metrics-listen", "0.0.0.0:9462", "--threads", "1"}),
-      dir + "/impostor.log");
+  std::vector<std::string> impostor_argv = {BinDir() + "/pipemare-worker",
+                                            "--coordinator",
+                                            "10.77.0.1:7070",
+                                            "--listen",
+                                            "0.0.0.0:7072",
+                                            "--advertise",
+                                            absl::StrCat(Hosts::Address(1), ":7071"),
+                                            "--metrics-listen",
+                                            "0.0.0.0:9462",
+                                            "--threads",
+                                            "1"};
+  for (const std::string& flag : HostWorkerTls(1)) impostor_argv.push_back(flag);
+  Process impostor(hosts.In(2, impostor_argv), dir + "/impostor.log");
   EXPECT_TRUE(WaitFor(20, [&] {
     return absl::StrContains(impostor.Log(), "--advertise HOST:PORT");
   })) << impostor.Log();

@@ -1,0 +1,135 @@
+// Who may call what, and over which connection: mutual TLS between the
+// services, bearer tokens from clients, and one access policy per server that
+// checks every call (docs/security.md).
+//
+// Identities. A coordinator or worker proves who it is with a certificate
+// signed by the cluster CA; the certificate's common name says its role
+// (kCoordinatorName or kWorkerName) and its subject alternative names the
+// hosts it may serve on. A client (pipemarectl) proves who it is with a
+// bearer token whose role is `read` (status, list, watch, workers) or
+// `submit` (read plus submit, cancel, resume, export).
+#ifndef PIPEMARE_COMMON_SECURITY_H_
+#define PIPEMARE_COMMON_SECURITY_H_
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/auth_metadata_processor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace CLI {
+class App;
+}
+
+namespace pipemare {
+
+inline constexpr char kCoordinatorName[] = "pipemare-coordinator";
+inline constexpr char kWorkerName[] = "pipemare-worker";
+
+// What a process presents and trusts on its gRPC connections. Set once at
+// start-up (SetRpcSecurity); MakeChannel and StartServer (common/rpc.h) use
+// it. The default is plaintext, for in-process tests and benchmarks; the
+// binaries refuse to run that way without --insecure.
+struct RpcSecurity {
+  bool insecure = true;
+  std::string ca_pem;    // the CA peers must be signed by (a client may leave
+                         // it empty to trust the system's roots)
+  std::string cert_pem;  // this process's certificate and key (a client
+  std::string key_pem;   // with a token needs none)
+  std::string token;     // sent as "authorization: Bearer ..." on every call
+};
+
+void SetRpcSecurity(RpcSecurity security);
+const RpcSecurity& CurrentRpcSecurity();
+
+// Where a process finds its credentials (AddSecurityFlags).
+struct SecurityFlags {
+  bool insecure = false;
+  std::string ca_file, cert_file, key_file;
+  std::string token_file;  // clients: a file holding the token
+  std::string token;       // clients: the token itself (PIPEMARE_TOKEN only)
+};
+
+// Adds --insecure, --tls-ca, --tls-cert and --tls-key (a client: --tls-ca,
+// --token-file and no certificate), each also read from its environment
+// variable (PIPEMARE_INSECURE, PIPEMARE_TLS_CA, ...; PIPEMARE_TOKEN holds a
+// client's token itself: a token is never a flag).
+void AddSecurityFlags(CLI::App& app, SecurityFlags* flags, bool client);
+
+// Reads and checks the files `flags` names for a process in `role`
+// (kCoordinatorName, kWorkerName, or "" for a client): each is a readable PEM
+// file, the certificate matches its key, was signed by the CA and names
+// `role`. Errors name the flag and the fix.
+absl::StatusOr<RpcSecurity> LoadRpcSecurity(const SecurityFlags& flags, const std::string& role);
+
+// A bearer token a coordinator accepts (from its --tokens-file).
+struct TokenEntry {
+  std::string name;  // who: recorded on the jobs it submits
+  std::string role;  // "read" or "submit"
+  std::string token;
+};
+
+// Parses a tokens file: one `NAME ROLE TOKEN` per line, `#` comments. Names
+// and tokens unique, roles read|submit, tokens at least 16 characters of
+// printable ASCII. Errors name the file and the line.
+absl::StatusOr<std::vector<TokenEntry>> LoadTokens(const std::string& path);
+
+// Reads a client's token from a file: its one line, trimmed.
+absl::StatusOr<std::string> LoadToken(const std::string& path, const std::string& flag);
+
+// What a method needs: any of these callers may call it.
+enum Caller : unsigned {
+  kReader = 1,       // a token with role read or submit
+  kSubmitter = 2,    // a token with role submit
+  kWorker = 4,       // a certificate named kWorkerName
+  kCoordinator = 8,  // a certificate named kCoordinatorName
+};
+
+// The one check of every call on a TLS server: finds the method's rule
+// (a method not in `rules` is refused), establishes the caller from its
+// certificate and its bearer token, and refuses with UNAUTHENTICATED (no
+// valid credential) or PERMISSION_DENIED (a valid one without the rule's
+// role). A server with no tokens (a worker) ignores one. The token is consumed (handlers never see
+// it) and compared in constant time. A passing call carries the caller's name as the auth context's
+// kCallerProperty (CallerName()).
+class AccessPolicy : public grpc::AuthMetadataProcessor {
+ public:
+  AccessPolicy(std::map<std::string, unsigned> rules, std::vector<TokenEntry> tokens);
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
+                       OutputMetadata* consumed, OutputMetadata* response) override;
+
+ private:
+  std::map<std::string, unsigned> rules_;
+  std::vector<TokenEntry> tokens_;
+};
+
+inline constexpr char kCallerProperty[] = "pipemare_caller";
+
+// The caller of a call that passed an AccessPolicy ("anonymous" on a
+// plaintext server).
+std::string CallerName(const grpc::ServerContext& context);
+
+// On a TLS server, OK only if the caller's certificate names the host of
+// `address` ("host:port") among its subject alternative names: a worker
+// may register only an address it holds a certificate for. OK on a
+// plaintext server.
+absl::Status CheckCertificateNamesAddress(const grpc::ServerContext& context,
+                                          const std::string& address);
+
+// Server credentials for the current RpcSecurity: TLS with the process's
+// certificate, asking for a client certificate signed by the CA (required
+// when `require_client_certificate`, else verified if presented) and
+// checking every call with `policy`; plaintext when insecure.
+std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(std::shared_ptr<AccessPolicy> policy,
+                                                               bool require_client_certificate);
+std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials();
+
+}  // namespace pipemare
+
+#endif  // PIPEMARE_COMMON_SECURITY_H_

@@ -1,0 +1,219 @@
+// Only the right callers (docs/security.md): a real cluster on mutual TLS
+// with bearer tokens, called by the real client and by raw gRPC channels
+// holding no, wrong, foreign or wrong-role credentials. Each gets its
+// documented status, every service stays up, and a job running alongside
+// SUCCEEDS. Label: multiprocess.
+#include "common/security.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/dev_pki.h"
+#include "common/rpc.h"
+#include "pipemare/v1/pipemare.grpc.pb.h"
+#include "tests/cluster.h"
+
+namespace pipemare::testing {
+namespace {
+
+std::string Slurp(const std::string& path) { return ReadFile(path); }
+
+// A channel to `address` with exactly these credentials (not the test
+// process's own).
+std::shared_ptr<grpc::Channel> ChannelWith(const std::string& address, const std::string& ca,
+                                           const std::string& cert, const std::string& key,
+                                           const std::string& token = "") {
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = Slurp(ca);
+  if (!cert.empty()) {
+    options.pem_cert_chain = Slurp(cert);
+    options.pem_private_key = Slurp(key);
+  }
+  auto credentials = grpc::SslCredentials(options);
+  if (!token.empty()) {
+    credentials =
+        grpc::CompositeChannelCredentials(credentials, grpc::AccessTokenCredentials(token));
+  }
+  return grpc::CreateCustomChannel(address, credentials, ChannelArgs());
+}
+
+grpc::Status List(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = v1::Coordinator::NewStub(channel);
+  auto context = ContextWithDeadline(10);
+  v1::ListJobsResponse response;
+  return stub->ListJobs(context.get(), v1::ListJobsRequest(), &response);
+}
+
+std::string WriteToken(const std::string& dir, const std::string& name, const std::string& token) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << token << "\n";
+  return path;
+}
+
+TEST(Security, OnlyTheRightCallersGetThroughAndAJobAlongsideSucceeds) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok()) << cluster.Logs();
+  const DevPki& pki = TestPki();
+  // A job trains while everything below is refused around it.
+  const std::string job =
+      cluster.Submit(cluster.WriteSpec("alongside", ShortSpec("alongside", "pipemare", 2, 6400)));
+  ASSERT_FALSE(job.empty());
+  const std::string spec = cluster.WriteSpec("refused", ShortSpec("refused", "pipemare", 2, 3200));
+  const std::string ctl = BinDir() + "/pipemarectl";
+  auto as = [&](std::vector<std::string> credentials, std::vector<std::string> args) {
+    std::vector<std::string> argv = {ctl, "--coordinator", cluster.address()};
+    argv.insert(argv.end(), credentials.begin(), credentials.end());
+    argv.insert(argv.end(), args.begin(), args.end());
+    return pipemare::testing::Run(argv, 60);
+  };
+
+  // No token: UNAUTHENTICATED, and the client says what it needs.
+  auto r = as({"--tls-ca", pki.ca}, {"list"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "needs a token")) << r.err;
+  // A wrong token.
+  const std::string wrong = WriteToken(cluster.dir(), "wrong.token", RandomToken());
+  r = as({"--tls-ca", pki.ca, "--token-file", wrong}, {"list"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "not one this coordinator accepts")) << r.err;
+  // A read token reads, and may not submit or cancel.
+  r = as({"--tls-ca", pki.ca, "--token-file", pki.read_token}, {"list"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, job)) << r.out;
+  r = as({"--tls-ca", pki.ca, "--token-file", pki.read_token}, {"submit", spec});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "viewer may not call /pipemare.v1.Coordinator/SubmitJob"))
+      << r.err;
+  r = as({"--tls-ca", pki.ca, "--token-file", pki.read_token}, {"cancel", job});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "role submit")) << r.err;
+  // Plaintext to the TLS port: refused at the handshake, with a hint.
+  r = as({"--insecure"}, {"list"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "--insecure for a plaintext coordinator")) << r.err;
+  // TLS with a CA that did not sign the coordinator: the client refuses it.
+  DevPkiOptions other_options;
+  other_options.dir = cluster.dir() + "/other-pki";
+  auto other = MakeDevPki(other_options);
+  ASSERT_TRUE(other.ok()) << other.status();
+  r = as({"--tls-ca", other->ca, "--token-file", pki.submit_token}, {"list"});
+  EXPECT_NE(r.exit_code, 0);
+
+  // Raw gRPC. A foreign CA's worker certificate cannot even connect to a
+  // worker (client certificates are required and verified) ...
+  v1::ListWorkersResponse workers = cluster.Workers();
+  ASSERT_EQ(workers.workers_size(), 2);
+  const std::string worker_address = workers.workers(0).address();
+  {
+    auto foreign = v1::StageWorker::NewStub(
+        ChannelWith(worker_address, pki.ca, other->worker_certs[0], other->worker_keys[0]));
+    auto context = ContextWithDeadline(10);
+    v1::StageStatusResponse response;
+    grpc::Status st = foreign->GetStageStatus(context.get(), v1::StageStatusRequest(), &response);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  }
+  // ... nor register with the coordinator.
+  {
+    auto foreign = v1::Coordinator::NewStub(
+        ChannelWith(cluster.address(), pki.ca, other->worker_certs[0], other->worker_keys[0]));
+    v1::RegisterWorkerRequest request;
+    request.set_address("127.0.0.1:1");
+    request.set_instance_id("intruder");
+    auto context = ContextWithDeadline(10);
+    v1::RegisterWorkerResponse response;
+    grpc::Status st = foreign->RegisterWorker(context.get(), request, &response);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  }
+  // A trusted worker certificate may register only an address it names.
+  auto as_worker = [&](const std::string& address) {
+    return ChannelWith(address, pki.ca, pki.worker_certs[0], pki.worker_keys[0]);
+  };
+  {
+    auto stub = v1::Coordinator::NewStub(as_worker(cluster.address()));
+    v1::RegisterWorkerRequest request;
+    request.set_address("10.9.9.9:7071");
+    request.set_instance_id("elsewhere");
+    auto context = ContextWithDeadline(10);
+    v1::RegisterWorkerResponse response;
+    grpc::Status st = stub->RegisterWorker(context.get(), request, &response);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "may not register the address 10.9.9.9:7071"))
+        << st.error_message();
+    // A worker's certificate is not a client's token.
+    EXPECT_EQ(List(as_worker(cluster.address())).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  // A worker may feed a neighbour's pipeline stream, not load a stage on it:
+  // only the coordinator loads TorchScript and stages.
+  {
+    auto stub = v1::StageWorker::NewStub(as_worker(worker_address));
+    v1::StageAssignment assignment;
+    assignment.set_job_id("hijack");
+    auto context = ContextWithDeadline(10);
+    v1::LoadStageResponse response;
+    grpc::Status st = stub->LoadStage(context.get(), assignment, &response);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "the coordinator's certificate"))
+        << st.error_message();
+  }
+  // A client with a token but no certificate cannot reach a worker at all.
+  {
+    auto stub = v1::StageWorker::NewStub(
+        ChannelWith(worker_address, pki.ca, "", "", LoadToken(pki.submit_token, "t").value()));
+    auto context = ContextWithDeadline(10);
+    v1::StageStatusResponse response;
+    grpc::Status st = stub->GetStageStatus(context.get(), v1::StageStatusRequest(), &response);
+    EXPECT_NE(st.error_code(), grpc::StatusCode::OK);
+  }
+
+  // Every service is still up, no stranger registered, and the job trained.
+  EXPECT_TRUE(cluster.coordinator().Running());
+  EXPECT_TRUE(cluster.worker(0).Running());
+  EXPECT_TRUE(cluster.worker(1).Running());
+  EXPECT_EQ(cluster.Workers().workers_size(), 2);
+  v1::JobStatus end = cluster.WaitForEnd(job, 300);
+  EXPECT_EQ(end.state(), v1::SUCCEEDED) << end.reason() << cluster.Logs();
+  EXPECT_EQ(end.submitted_by(), "admin");
+}
+
+TEST(Security, ServicesRefuseToStartWithoutCredentialsOrInsecure) {
+  const std::string dir = MakeTempDir();
+  // No TLS files and no --insecure: exit 2 with the fix named.
+  auto r = pipemare::testing::Run(
+      {BinDir() + "/pipemare-coordinator", "--listen", "127.0.0.1:0", "--metrics-listen", ""}, 30);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(r.out + r.err, "--insecure")) << r.out << r.err;
+  const DevPki& pki = TestPki();
+  // A worker's certificate on the coordinator.
+  r = pipemare::testing::Run(
+      {BinDir() + "/pipemare-coordinator", "--listen", "127.0.0.1:0", "--metrics-listen", "",
+       "--tls-ca", pki.ca, "--tls-cert", pki.worker_certs[0], "--tls-key", pki.worker_keys[0],
+       "--tokens-file", pki.tokens},
+      30);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(r.out + r.err, "needs a certificate named 'pipemare-coordinator'"))
+      << r.out << r.err;
+  // A key that is not the certificate's.
+  r = pipemare::testing::Run(
+      {BinDir() + "/pipemare-worker", "--coordinator", "127.0.0.1:1", "--metrics-listen", "",
+       "--tls-ca", pki.ca, "--tls-cert", pki.worker_certs[0], "--tls-key", pki.coordinator_key},
+      30);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(r.out + r.err, "is not the key of --tls-cert")) << r.out << r.err;
+  // A tokens file with a short token names the line.
+  const std::string tokens = dir + "/tokens";
+  std::ofstream(tokens) << "# comment\nalice submit short\n";
+  r = pipemare::testing::Run(
+      {BinDir() + "/pipemare-coordinator", "--listen", "127.0.0.1:0", "--metrics-listen", "",
+       "--tls-ca", pki.ca, "--tls-cert", pki.coordinator_cert, "--tls-key", pki.coordinator_key,
+       "--tokens-file", tokens},
+      30);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(r.out + r.err, "line 2: the token of alice")) << r.out << r.err;
+}
+
+}  // namespace
+}  // namespace pipemare::testing
