@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/data.h"
+#include "pipeline/file_access.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/model_plan.h"
 
@@ -86,6 +87,10 @@ absl::StatusOr<Manifest> JobManager::ResolveFrom(const std::string& from,
     *manifest_path = CheckpointStepDir(CheckpointDirOf(*job), from, m->step) + "/manifest.json";
     return m;
   }
+  if (auto st = CheckDirectoryUnderRoots(from, "from_checkpoint", options_.checkpoint_dir);
+      !st.ok()) {
+    return st;
+  }
   std::error_code ec;
   fs::path path = fs::absolute(from, ec);
   if (fs::is_regular_file(path, ec) && path.filename() == "manifest.json") {
@@ -110,6 +115,15 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
                                                  const std::string& submitter) {
   ApplyJobSpecDefaults(spec);
   if (auto st = ValidateJobSpec(spec); !st.ok()) return st;
+  // Checkpoints are written by the coordinator and every worker: only where
+  // the operator allows (the data roots, or --checkpoint-dir).
+  if (!spec.checkpoint().dir().empty()) {
+    if (auto st = CheckDirectoryUnderRoots(spec.checkpoint().dir(), "checkpoint.dir",
+                                           options_.checkpoint_dir);
+        !st.ok()) {
+      return st;
+    }
+  }
   // The data files' headers and labels, and the model against them (the
   // shape pass): refuse now, not when it runs.
   auto data = InspectData(spec.data());

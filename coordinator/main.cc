@@ -14,6 +14,7 @@
 #include "common/signals.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
+#include "pipeline/file_access.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"pipemare-coordinator: the Pipemare job coordinator"};
@@ -56,6 +57,13 @@ int main(int argc, char** argv) {
                  "the clients' bearer tokens, one 'NAME ROLE TOKEN' per line (ROLE read or "
                  "submit); required with TLS")
       ->envname("PIPEMARE_TOKENS_FILE");
+  std::vector<std::string> data_roots;
+  app.add_option("--data-root", data_roots,
+                 "a directory jobs may read data and TorchScript models from and keep "
+                 "checkpoints in (repeat for more; symlinks are followed before the check). "
+                 "Unset: any file this host can read (trusted users only)")
+      ->envname("PIPEMARE_DATA_ROOT")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   if (auto st = pipemare::InitLogging(log_format); !st.ok()) {
     std::cerr << "error: " << st.message() << std::endl;
@@ -88,6 +96,14 @@ int main(int argc, char** argv) {
     pipemare::LogWarning(
         "--insecure: plaintext gRPC, and anyone who reaches this port may submit jobs and "
         "register workers");
+  }
+  if (auto st = pipemare::SetDataRoots(data_roots, "--data-root"); !st.ok()) {
+    pipemare::LogError(absl::StrCat("error: ", st.message()));
+    return 2;
+  }
+  if (data_roots.empty()) {
+    pipemare::LogWarning(
+        "no --data-root: a job may read any file this host can read as its data or model");
   }
   const bool insecure = security->insecure;
   pipemare::SetRpcSecurity(std::move(*security));

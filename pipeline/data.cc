@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pipeline/file_access.h"
 #include "pipeline/mnist.h"
 
 namespace pipemare {
@@ -47,6 +48,7 @@ absl::StatusOr<int64_t> FileSize(const DataFile& f, const std::string& what,
   if (!fs::is_regular_file(st)) {
     return Invalid(f, absl::StrCat("is not a regular file but should be ", what, hint));
   }
+  if (auto access = CheckReadableFile(f.path, f.field); !access.ok()) return access;
   const uintmax_t size = fs::file_size(f.path, ec);
   if (ec) return Invalid(f, absl::StrCat("cannot read its size (", ec.message(), ")"));
   return static_cast<int64_t>(size);

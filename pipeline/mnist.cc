@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "pipeline/file_access.h"
 
 namespace pipemare {
 namespace {
@@ -69,6 +70,11 @@ absl::StatusOr<int64_t> ReadUpTo(IdxReader& r, int64_t n, std::vector<unsigned c
 // Opens an idx file of unsigned bytes with `dims` dimensions and reads its
 // header. zlib tells gzip (magic bytes 1f 8b) from a plain file by content.
 absl::StatusOr<IdxReader> OpenIdx(const DataFile& f, int dims) {
+  // A missing file gets the hints below; one that exists must be a regular
+  // file the job may read (never a FIFO that blocks the open).
+  if (std::error_code ec; std::filesystem::exists(f.path, ec)) {
+    if (auto access = CheckReadableFile(f.path, f.field); !access.ok()) return access;
+  }
   IdxReader r{f, std::unique_ptr<gzFile_s, GzClose>(gzopen(f.path.c_str(), "rb")), {}};
   if (!r.gz) {
     std::string hint;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pipeline/file_access.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/mnist.h"
 #include "pipeline/partition.h"
@@ -662,6 +663,7 @@ absl::StatusOr<std::string> ReadTorchScript(const std::string& path) {
   // The file travels to every worker inside its stage assignment, an RPC of
   // at most 256 MiB (common/rpc.h).
   constexpr uintmax_t kMaxBytes = 192u << 20;
+  if (auto access = CheckReadableFile(path, "model.path"); !access.ok()) return access;
   std::error_code ec;
   const uintmax_t size = std::filesystem::file_size(path, ec);
   if (!ec && size > kMaxBytes) {

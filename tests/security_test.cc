@@ -6,7 +6,10 @@
 #include "common/security.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -213,6 +216,66 @@ TEST(Security, ServicesRefuseToStartWithoutCredentialsOrInsecure) {
       30);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(absl::StrContains(r.out + r.err, "line 2: the token of alice")) << r.out << r.err;
+}
+
+TEST(Security, AJobReadsAndWritesOnlyUnderTheDataRoots) {
+  // A root holding a good corpus, a symlink that escapes it and a FIFO that
+  // would block a reader forever; MNIST is a second root.
+  const std::string root = MakeTempDir();
+  std::filesystem::copy_file("/usr/share/games/fortunes/cookie", root + "/corpus.txt");
+  ASSERT_EQ(symlink("/etc/passwd", (root + "/escape.txt").c_str()), 0);
+  ASSERT_EQ(mkfifo((root + "/fifo.txt").c_str(), 0600), 0);
+  Cluster cluster(2, {"--data-root", root, "--data-root", MnistDir()});
+  ASSERT_TRUE(cluster.ok()) << cluster.Logs();
+  const std::string good = ShortSpec("rooted", "pipemare", 2, 3200);
+  const std::string job = cluster.Submit(cluster.WriteSpec("rooted", good));
+  ASSERT_FALSE(job.empty());
+  auto text = [](const std::string& path) {
+    return "name: text\nmodel: {type: transformer_lm, depth: 1, width: 32, heads: 2}\n"
+           "data: {type: text, path: " +
+           path +
+           ", context: 16}\noptimizer: {type: adam, lr: 0.001}\n"
+           "schedule: {type: pipemare, stages: 2, microbatch_size: 16}\ntrain: {epochs: 1}\n";
+  };
+  struct Case {
+    std::string what, spec;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"a corpus outside the roots",
+       text("/usr/share/games/fortunes/cookie"),
+       {"data.path", "outside the coordinator's data roots"}},
+      {"a symlink out of a root",
+       text(root + "/escape.txt"),
+       {"data.path", "resolves to /etc/passwd", "outside"}},
+      {"a FIFO", text(root + "/fifo.txt"), {"data.path", "not a regular file"}},
+      {"a /proc file", text("/proc/self/environ"), {"data.path", "system file"}},
+      {"idx files outside the roots",
+       "name: idx\nmodel: {type: mlp, layers: [784, 10]}\n"
+       "data: {type: idx, path: /usr/share/datasets/fashion-mnist}\n"
+       "optimizer: {type: sgd, lr: 0.1}\nschedule: {type: gpipe, stages: 1}\n"
+       "train: {epochs: 1}\n",
+       {"data.path", "outside the coordinator's data roots"}},
+      {"checkpoints outside the roots",
+       good + "checkpoint: {dir: /tmp/pipemare-elsewhere}\n",
+       {"checkpoint.dir", "outside the coordinator's data roots"}},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    auto r =
+        cluster.Ctl({"submit", cluster.WriteSpec("refused" + std::to_string(i++), c.spec)}, 60);
+    EXPECT_NE(r.exit_code, 0) << c.what;
+    for (const std::string& s : c.says) {
+      EXPECT_TRUE(absl::StrContains(r.err, s)) << c.what << ": " << r.err;
+    }
+  }
+  // submit --from a directory outside the roots.
+  auto r = cluster.Ctl({"submit", cluster.WriteSpec("from", good), "--from", "/etc"}, 60);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "from_checkpoint: /etc resolves to /etc")) << r.err;
+  EXPECT_TRUE(cluster.coordinator().Running());
+  v1::JobStatus end = cluster.WaitForEnd(job, 300);
+  EXPECT_EQ(end.state(), v1::SUCCEEDED) << end.reason() << cluster.Logs();
 }
 
 }  // namespace
