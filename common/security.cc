@@ -1,6 +1,7 @@
 #include "common/security.h"
 
 #include <openssl/bio.h>
+#include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
@@ -200,9 +201,16 @@ absl::StatusOr<RpcSecurity> LoadRpcSecurity(const SecurityFlags& flags, const st
       return absl::InvalidArgumentError(absl::StrCat(
           "--tls-key ", flags.key_file, ": is not the key of --tls-cert ", flags.cert_file));
     }
-    X509Ptr ca = ParseCertificate(security.ca_pem);
-    KeyPtr ca_key(X509_get_pubkey(ca.get()));
-    if (!ca_key || X509_verify(x509.get(), ca_key.get()) != 1) {
+    // --tls-ca may be a bundle (old and new CA while rotating): any signer.
+    bool signed_by_ca = false;
+    std::unique_ptr<BIO, decltype(&BIO_free)> bundle(
+        BIO_new_mem_buf(security.ca_pem.data(), security.ca_pem.size()), BIO_free);
+    while (X509Ptr ca{PEM_read_bio_X509(bundle.get(), nullptr, nullptr, nullptr)}) {
+      KeyPtr ca_key(X509_get_pubkey(ca.get()));
+      if (ca_key && X509_verify(x509.get(), ca_key.get()) == 1) signed_by_ca = true;
+    }
+    ERR_clear_error();  // the read past the bundle's last certificate
+    if (!signed_by_ca) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--tls-cert ", flags.cert_file, ": not signed by the CA in --tls-ca ", flags.ca_file));
     }
