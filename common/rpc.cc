@@ -44,7 +44,20 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   return grpc::CreateCustomChannel(address, MakeChannelCredentials(), ChannelArgs());
 }
 
+namespace {
+ServerLimits& Limits() {
+  static ServerLimits limits;
+  return limits;
+}
+}  // namespace
+
+void SetServerLimits(ServerLimits limits) { Limits() = limits; }
+
 void ApplyServerOptions(grpc::ServerBuilder& builder) {
+  grpc::ResourceQuota quota("pipemare-server");
+  quota.SetMaxThreads(Limits().max_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, Limits().max_concurrent_streams);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);

@@ -24,6 +24,13 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
                                            const v1::SubmitJobRequest* req,
                                            v1::SubmitJobResponse* resp) {
   if (!req->has_spec()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec: required");
+  if (const size_t bytes = req->ByteSizeLong(); bytes > max_spec_bytes_) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("spec: ", bytes, " bytes, more than the coordinator's ",
+                                     "--max-spec-bytes ", max_spec_bytes_,
+                                     "; a spec names its data and model files rather than "
+                                     "holding them"));
+  }
   const std::string submitter = CallerName(*context);
   auto job = manager_->Submit(req->spec(), req->from_checkpoint(), submitter);
   if (!job.ok()) {

@@ -24,6 +24,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
         manager_(manager),
         heartbeat_interval_ms_(heartbeat_interval_ms) {}
 
+  // Largest SubmitJob request accepted (--max-spec-bytes).
+  void set_max_spec_bytes(size_t bytes) { max_spec_bytes_ = bytes; }
+
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*,
                          v1::SubmitJobResponse*) override;
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobStatus*) override;
@@ -51,6 +54,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   WorkerRegistry* const registry_;
   JobManager* const manager_;
   const int64_t heartbeat_interval_ms_;
+  size_t max_spec_bytes_ = 1 << 20;
 };
 
 }  // namespace pipemare

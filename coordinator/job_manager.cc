@@ -115,6 +115,16 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
                                                  const std::string& submitter) {
   ApplyJobSpecDefaults(spec);
   if (auto st = ValidateJobSpec(spec); !st.ok()) return st;
+  int queued = 0;
+  for (const v1::JobStatus& job : store_->List()) {
+    if (job.state() == v1::PENDING && job.submitted_by() == submitter) ++queued;
+  }
+  if (queued >= options_.max_queued_jobs_per_submitter) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        submitter, " already has ", queued,
+        " jobs waiting for workers, the most one submitter "
+        "may queue (the coordinator's --max-queued-jobs); wait for one to start or cancel one"));
+  }
   // Checkpoints are written by the coordinator and every worker: only where
   // the operator allows (the data roots, or --checkpoint-dir).
   if (!spec.checkpoint().dir().empty()) {

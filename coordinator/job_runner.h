@@ -35,6 +35,8 @@ struct RunnerOptions {
   // How long a drain (SIGTERM) waits for a stage to take its cut request,
   // and for the cut to be committed.
   double drain_timeout_seconds = 20;
+  // Jobs one submitter may have waiting (PENDING) at once.
+  int max_queued_jobs_per_submitter = 32;
 };
 
 // Asks a running job to drain (a worker or the coordinator is stopping:

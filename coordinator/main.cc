@@ -64,7 +64,30 @@ int main(int argc, char** argv) {
                  "Unset: any file this host can read (trusted users only)")
       ->envname("PIPEMARE_DATA_ROOT")
       ->delimiter(',');
+  pipemare::ServerLimits server_limits;
+  app.add_option("--max-server-threads", server_limits.max_threads,
+                 "threads serving RPCs at once; calls beyond get RESOURCE_EXHAUSTED")
+      ->envname("PIPEMARE_MAX_SERVER_THREADS")
+      ->check(CLI::Range(4, 65536))
+      ->capture_default_str();
+  app.add_option("--max-concurrent-streams", server_limits.max_concurrent_streams,
+                 "HTTP/2 streams one connection may hold open")
+      ->envname("PIPEMARE_MAX_CONCURRENT_STREAMS")
+      ->check(CLI::Range(8, 1 << 20))
+      ->capture_default_str();
+  int max_queued_jobs = 32;
+  app.add_option("--max-queued-jobs", max_queued_jobs,
+                 "jobs one submitter may have waiting for workers at once")
+      ->envname("PIPEMARE_MAX_QUEUED_JOBS")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  size_t max_spec_bytes = 1 << 20;
+  app.add_option("--max-spec-bytes", max_spec_bytes, "largest job spec accepted, in bytes")
+      ->envname("PIPEMARE_MAX_SPEC_BYTES")
+      ->check(CLI::Range(1024, 64 << 20))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  pipemare::SetServerLimits(server_limits);
   if (auto st = pipemare::InitLogging(log_format); !st.ok()) {
     std::cerr << "error: " << st.message() << std::endl;
     return 2;
@@ -133,6 +156,7 @@ int main(int argc, char** argv) {
   pipemare::RunnerOptions options;
   options.stall_timeout_seconds = stall_timeout;
   options.drain_timeout_seconds = drain_timeout;
+  options.max_queued_jobs_per_submitter = max_queued_jobs;
   options.checkpoint_dir = !checkpoint_dir.empty() ? checkpoint_dir
                            : !state_dir.empty()    ? state_dir + "/checkpoints"
                                                    : "pipemare-checkpoints";
@@ -140,6 +164,7 @@ int main(int argc, char** argv) {
   auto manager = std::make_unique<pipemare::JobManager>(store.get(), &registry, options);
   pipemare::CoordinatorService service(store.get(), &registry, manager.get(),
                                        static_cast<int64_t>(heartbeat_interval * 1000));
+  service.set_max_spec_bytes(max_spec_bytes);
   auto metrics = std::make_shared<pipemare::CoordinatorMetrics>(store.get(), &registry);
   std::unique_ptr<pipemare::MetricsServer> metrics_server;
   if (!metrics_listen.empty()) {

@@ -278,5 +278,28 @@ TEST(Security, AJobReadsAndWritesOnlyUnderTheDataRoots) {
   EXPECT_EQ(end.state(), v1::SUCCEEDED) << end.reason() << cluster.Logs();
 }
 
+TEST(Security, ASubmitterMayQueueOnlySoManyJobsAndSpecsAreBounded) {
+  // No workers: every job waits. Two may, the third is refused.
+  Cluster cluster(0, {"--max-queued-jobs", "2", "--max-spec-bytes", "4096"});
+  ASSERT_FALSE(cluster.address().empty()) << cluster.Logs();
+  const std::string spec = cluster.WriteSpec("queued", ShortSpec("queued", "gpipe", 2, 3200));
+  EXPECT_FALSE(cluster.Submit(spec).empty());
+  EXPECT_FALSE(cluster.Submit(spec).empty());
+  auto r = cluster.Ctl({"submit", spec});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err, "admin already has 2 jobs waiting")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "--max-queued-jobs")) << r.err;
+  // A spec larger than --max-spec-bytes, sent raw (the client has no bound).
+  auto stub = v1::Coordinator::NewStub(MakeChannel(cluster.address()));
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_name(std::string(5000, 'x'));
+  v1::SubmitJobResponse response;
+  auto context = ContextWithDeadline(10);
+  grpc::Status st = stub->SubmitJob(context.get(), request, &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "--max-spec-bytes 4096")) << st.error_message();
+  EXPECT_TRUE(cluster.coordinator().Running());
+}
+
 }  // namespace
 }  // namespace pipemare::testing
