@@ -9,10 +9,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -162,7 +164,10 @@ absl::Status CommitManifest(const std::string& dir, const Manifest& m, int keep)
         absl::StrCat(job_dir, "/", absl::StripAsciiWhitespace(*latest), "/manifest.json"));
     if (current.ok()) {
       const Json j = Json::parse(*current, nullptr, false);
-      const int64_t newer = j.is_object() ? j.value("generation", int64_t{0}) : 0;
+      const int64_t newer =
+          j.is_object() && j.contains("generation") && j["generation"].is_number_integer()
+              ? j["generation"].get<int64_t>()
+              : 0;
       if (newer > m.generation) {
         return absl::FailedPreconditionError(absl::StrCat(
             "fenced: ", job_dir, "/latest is a cut of generation ", newer, ", newer than this ",
@@ -215,6 +220,23 @@ absl::Status CommitManifest(const std::string& dir, const Manifest& m, int keep)
   return absl::OkStatus();
 }
 
+// An integer field of a manifest, in T's range: nlohmann's get<T>() casts a
+// float or an out-of-range number unchecked (undefined behaviour).
+template <typename T>
+T IntegerAt(const Json& object, const char* key) {
+  const Json& v = object.at(key);
+  if (!v.is_number_integer()) {
+    throw std::invalid_argument(absl::StrCat("'", key, "' is not an integer"));
+  }
+  const bool fits = v.is_number_unsigned()
+                        ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                        : v.get<int64_t>() >= std::numeric_limits<T>::min() &&
+                              v.get<int64_t>() <= std::numeric_limits<T>::max();
+  if (!fits) throw std::out_of_range(absl::StrCat("'", key, "' is out of range"));
+  return static_cast<T>(v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>())
+                                               : v.get<int64_t>());
+}
+
 absl::StatusOr<Manifest> ReadManifest(const std::string& step_dir) {
   auto text = ReadWholeFile(step_dir + "/manifest.json");
   if (!text.ok()) {
@@ -224,20 +246,28 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& step_dir) {
   try {
     const Json j = Json::parse(*text);
     m.job = j.at("job").get<std::string>();
-    m.step = j.at("step").get<int64_t>();
-    m.generation = j.value("generation", int64_t{0});
-    m.microbatch = j.at("microbatch").get<int64_t>();
-    m.epoch = j.at("epoch").get<int64_t>();
-    m.index_in_epoch = j.at("index_in_epoch").get<int64_t>();
-    m.seed = j.at("seed").get<int64_t>();
+    m.step = IntegerAt<int64_t>(j, "step");
+    m.generation = j.contains("generation") ? IntegerAt<int64_t>(j, "generation") : 0;
+    m.microbatch = IntegerAt<int64_t>(j, "microbatch");
+    m.epoch = IntegerAt<int64_t>(j, "epoch");
+    m.index_in_epoch = IntegerAt<int64_t>(j, "index_in_epoch");
+    m.seed = IntegerAt<int64_t>(j, "seed");
     for (const auto& s : j.at("stages")) {
-      m.stages.push_back({s.at("first_unit").get<int>(), s.at("units").get<int>()});
+      m.stages.push_back({IntegerAt<int>(s, "first_unit"), IntegerAt<int>(s, "units")});
     }
     for (const auto& f : j.at("files")) {
       WrittenFile w;
-      w.unit = f.at("unit").get<int>();
-      w.path = absl::StrCat(step_dir, "/", f.at("file").get<std::string>());
-      w.bytes = f.at("bytes").get<int64_t>();
+      w.unit = IntegerAt<int>(f, "unit");
+      const std::string file = f.at("file").get<std::string>();
+      // A unit file lies in the step directory: a name, never a path that
+      // leads elsewhere (a manifest is outside input).
+      if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+          file.find('\0') != std::string::npos) {
+        return absl::DataLossError(absl::StrCat(step_dir, "/manifest.json: unit file '", file,
+                                                "' is not a plain file name"));
+      }
+      w.path = absl::StrCat(step_dir, "/", file);
+      w.bytes = IntegerAt<int64_t>(f, "bytes");
       w.sha256 = f.at("sha256").get<std::string>();
       m.files.push_back(std::move(w));
     }

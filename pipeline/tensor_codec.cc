@@ -99,7 +99,8 @@ absl::StatusOr<std::vector<T>> Values(const v1::Tensor& tensor, v1::DType dtype)
                                                    ", got ", v1::DType_Name(tensor.dtype())));
   }
   std::vector<T> out(tensor.data().size() / sizeof(T));
-  std::memcpy(out.data(), tensor.data().data(), tensor.data().size());
+  // An empty tensor (a 0 in its shape) has no storage to copy into.
+  if (!out.empty()) std::memcpy(out.data(), tensor.data().data(), tensor.data().size());
   return out;
 }
 }  // namespace

@@ -2,7 +2,10 @@
 # Pipemare's one entry point for a fresh Debian 12 machine.
 #   scripts/dev.sh example   install, build, train examples/mnist_pipemare.yaml
 #                            across local worker processes (pipemarectl local)
-#   scripts/dev.sh test      install, build, run every test (ctest)
+#   scripts/dev.sh test      install, build, run every test (ctest), then the sanitizer
+#                            build's tests and fuzz targets (sanitize)
+#   scripts/dev.sh sanitize  clang ASan+UBSan build of the LibTorch-free code (BUILD_DIR-sanitize):
+#                            its unit tests and each libFuzzer target for FUZZ_SECONDS (60)
 #   scripts/dev.sh deps|build
 # BUILD_DIR (default build) and JOBS (default nproc) may be set.
 set -euo pipefail
@@ -25,7 +28,8 @@ packages=(cmake ninja-build g++ ccache pkg-config
   libtorch-dev libopenblas0-openmp prometheus-cpp-dev libgtest-dev libgmock-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev
   libcpp-httplib-dev zlib1g-dev libsqlite3-dev sqlite3
-  prometheus dataset-fashion-mnist fortunes python3-torch python3-numpy)
+  prometheus dataset-fashion-mnist fortunes python3-torch python3-numpy
+  clang libclang-rt-14-dev)
 
 deps() {
   local missing=()
@@ -49,6 +53,15 @@ build() {
   cmake --build "$build" -j "$jobs"
 }
 
+sanitize() {
+  local dir="$build-sanitize"
+  CC=clang CXX=clang++ cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPIPEMARE_SANITIZE_FUZZ=ON -DPIPEMARE_FUZZ_SECONDS="${FUZZ_SECONDS:-60}" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+  (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --output-on-failure --timeout 900)
+}
+
 case "${1:-}" in
   deps) deps ;;
   build) deps; build ;;
@@ -59,11 +72,12 @@ case "${1:-}" in
     ;;
   test)
     deps; build
-    cd "$build"
-    exec ctest --output-on-failure --timeout 900 "${@:2}"
+    (cd "$build" && ctest --output-on-failure --timeout 900 "${@:2}")
+    sanitize
     ;;
+  sanitize) deps; sanitize ;;
   *)
-    echo "usage: scripts/dev.sh example|test|deps|build" >&2
+    echo "usage: scripts/dev.sh example|test|sanitize|deps|build" >&2
     exit 2
     ;;
 esac
