@@ -33,13 +33,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
     const std::string& address, grpc::Service* service, int* port, const std::string& flag,
     std::shared_ptr<AccessPolicy> policy = nullptr, bool require_client_certificate = true);
 
-// What one server may take on at once (flags --max-server-threads,
-// --max-concurrent-streams): threads of the synchronous handlers (a call
-// beyond them gets RESOURCE_EXHAUSTED) and HTTP/2 streams per connection.
-struct ServerLimits {
-  int max_threads = 256;
-  int max_concurrent_streams = 1024;
-};
+// What each server may take on at once (ServerLimits, common/security.h).
 void SetServerLimits(ServerLimits limits);
 
 // Pipemare's server limits and keepalives on `builder` (what StartServer

@@ -153,6 +153,16 @@ void AddSecurityFlags(CLI::App& app, SecurityFlags* flags, bool client) {
       ->envname("PIPEMARE_TLS_CERT");
   app.add_option("--tls-key", flags->key_file, "PEM file of that certificate's private key")
       ->envname("PIPEMARE_TLS_KEY");
+  app.add_option("--max-server-threads", flags->limits.max_threads,
+                 "threads serving RPCs at once; calls beyond get RESOURCE_EXHAUSTED")
+      ->envname("PIPEMARE_MAX_SERVER_THREADS")
+      ->check(CLI::Range(4, 65536))
+      ->capture_default_str();
+  app.add_option("--max-concurrent-streams", flags->limits.max_concurrent_streams,
+                 "HTTP/2 streams one connection may hold open")
+      ->envname("PIPEMARE_MAX_CONCURRENT_STREAMS")
+      ->check(CLI::Range(8, 1 << 20))
+      ->capture_default_str();
 }
 
 absl::StatusOr<RpcSecurity> LoadRpcSecurity(const SecurityFlags& flags, const std::string& role) {

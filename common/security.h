@@ -47,18 +47,30 @@ struct RpcSecurity {
 void SetRpcSecurity(RpcSecurity security);
 const RpcSecurity& CurrentRpcSecurity();
 
-// Where a process finds its credentials (AddSecurityFlags).
+// What one server may take on at once (flags --max-server-threads,
+// --max-concurrent-streams; SetServerLimits in common/rpc.h): threads of the
+// synchronous handlers (a call beyond them gets RESOURCE_EXHAUSTED) and
+// HTTP/2 streams per connection.
+struct ServerLimits {
+  int max_threads = 256;
+  int max_concurrent_streams = 1024;
+};
+
+// Where a process finds its credentials (AddSecurityFlags), and a service's
+// server limits.
 struct SecurityFlags {
   bool insecure = false;
   std::string ca_file, cert_file, key_file;
   std::string token_file;  // clients: a file holding the token
   std::string token;       // clients: the token itself (PIPEMARE_TOKEN only)
+  ServerLimits limits;     // services
 };
 
 // Adds --insecure, --tls-ca, --tls-cert and --tls-key (a client: --tls-ca,
 // --token-file and no certificate), each also read from its environment
 // variable (PIPEMARE_INSECURE, PIPEMARE_TLS_CA, ...; PIPEMARE_TOKEN holds a
-// client's token itself: a token is never a flag).
+// client's token itself: a token is never a flag). A service also gets the
+// ServerLimits flags.
 void AddSecurityFlags(CLI::App& app, SecurityFlags* flags, bool client);
 
 // Reads and checks the files `flags` names for a process in `role`

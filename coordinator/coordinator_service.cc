@@ -1,9 +1,39 @@
 #include "coordinator/coordinator_service.h"
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/rpc.h"
 
 namespace pipemare {
+
+namespace {
+
+// A worker counts only once the address it advertises parses as host:port
+// and answers there: the coordinator and its neighbours will call it at that
+// address, and an address that does not answer would only fail its first job.
+absl::Status ProbeWorkerAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address: '", address, "' is not host:port (a port in 1..65535)"));
+  }
+  auto stub = v1::StageWorker::NewStub(MakeChannel(address));
+  auto context = ContextWithDeadline(3);
+  v1::StageStatusResponse response;
+  const grpc::Status st = stub->GetStageStatus(context.get(), v1::StageStatusRequest(), &response);
+  if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("address: the coordinator cannot reach this worker at ", address, " (",
+                     st.error_message(), "); --advertise an address the coordinator can reach"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 std::map<std::string, unsigned> CoordinatorAccessRules() {
   const std::string service = absl::StrCat("/", v1::Coordinator::service_full_name(), "/");
@@ -91,6 +121,10 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
                                                 const v1::RegisterWorkerRequest* req,
                                                 v1::RegisterWorkerResponse* resp) {
   if (auto st = CheckCertificateNamesAddress(*context, req->address()); !st.ok()) {
+    LogWarning(absl::StrCat("refused a worker registering ", req->address(), ": ", st.message()));
+    return ToGrpc(st);
+  }
+  if (auto st = ProbeWorkerAddress(req->address()); !st.ok()) {
     LogWarning(absl::StrCat("refused a worker registering ", req->address(), ": ", st.message()));
     return ToGrpc(st);
   }

@@ -102,19 +102,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-format", log_format, "text or json");
   pipemare::SecurityFlags security_flags;
   pipemare::AddSecurityFlags(app, &security_flags, /*client=*/false);
-  pipemare::ServerLimits server_limits;
-  app.add_option("--max-server-threads", server_limits.max_threads,
-                 "threads serving RPCs at once; calls beyond get RESOURCE_EXHAUSTED")
-      ->envname("PIPEMARE_MAX_SERVER_THREADS")
-      ->check(CLI::Range(4, 65536))
-      ->capture_default_str();
-  app.add_option("--max-concurrent-streams", server_limits.max_concurrent_streams,
-                 "HTTP/2 streams one connection may hold open")
-      ->envname("PIPEMARE_MAX_CONCURRENT_STREAMS")
-      ->check(CLI::Range(8, 1 << 20))
-      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  pipemare::SetServerLimits(server_limits);
+  pipemare::SetServerLimits(security_flags.limits);
 
   if (auto st = pipemare::InitLogging(log_format); !st.ok()) {
     std::cerr << "error: " << st.message() << std::endl;

@@ -163,9 +163,12 @@ int Cluster::CountWorkers(v1::WorkerState state) {
 int Cluster::WorkerForStage(const v1::JobStatus& job, int stage) {
   if (stage >= job.stages_size()) return -1;
   const std::string addr = job.stages(stage).worker_address();
-  for (int i = 0; i < worker_count(); ++i) {
-    // Worker i's log names the address it serves on.
-    if (absl::StrContains(worker(i).Log(), "serving on " + addr + " ")) return i;
+  // Worker i's log names the address it serves on. The newest running one:
+  // a replacement may be given the port of a worker killed earlier.
+  for (int i = worker_count() - 1; i >= 0; --i) {
+    if (worker(i).Running() && absl::StrContains(worker(i).Log(), "serving on " + addr + " ")) {
+      return i;
+    }
   }
   return -1;
 }

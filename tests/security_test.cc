@@ -146,6 +146,18 @@ TEST(Security, OnlyTheRightCallersGetThroughAndAJobAlongsideSucceeds) {
     EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
     EXPECT_TRUE(absl::StrContains(st.error_message(), "may not register the address 10.9.9.9:7071"))
         << st.error_message();
+    // An address the certificate names but where no worker answers, and one
+    // that is not host:port.
+    request.set_address("127.0.0.1:1");
+    auto probe = ContextWithDeadline(10);
+    st = stub->RegisterWorker(probe.get(), request, &response);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "cannot reach this worker at 127.0.0.1:1"))
+        << st.error_message();
+    request.set_address("127.0.0.1:http");
+    auto parse = ContextWithDeadline(10);
+    st = stub->RegisterWorker(parse.get(), request, &response);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
     // A worker's certificate is not a client's token.
     EXPECT_EQ(List(as_worker(cluster.address())).error_code(), grpc::StatusCode::PERMISSION_DENIED);
   }
