@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace pipemare::client {
@@ -364,6 +365,17 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
     out += "\n" + stages.Render();
     out += Format("peak weights + optimizer state + stash, all stages: %s\n",
                   FormatBytes(total).c_str());
+    std::vector<std::string> skipped;
+    for (const auto& stage : job.stages()) {
+      if (stage.nonfinite_skipped() > 0) {
+        skipped.push_back(Format("stage %d: %lld", stage.index(),
+                                 static_cast<long long>(stage.nonfinite_skipped())));
+      }
+    }
+    if (!skipped.empty()) {
+      out += "microbatches skipped for a NaN or Inf (train.on_nonfinite: skip): " +
+             absl::StrJoin(skipped, ", ") + "\n";
+    }
   }
 
   std::string epochs = RenderEpochTable(job);

@@ -138,7 +138,7 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
   // shape pass): refuse now, not when it runs.
   auto data = InspectData(spec.data());
   if (!data.ok()) return data.status();
-  auto plan = PlanModel(spec, *data);
+  auto plan = PlanModel(spec, *data, options_.max_model_bytes);
   if (!plan.ok()) return plan.status();
   std::string from_manifest;
   if (!from.empty()) {

@@ -77,7 +77,11 @@ class JobRunner::Impl {
     uint64_t microbatch = 0;
     v1::Phase phase = v1::TRAIN;
     v1::MicrobatchResult result;
+    bool skipped = false;  // a result of a microbatch dropped for a NaN or Inf
     std::string error;
+    // kError: the stage's StageError.code; UNAVAILABLE (or 0) is what
+    // recovery may retry.
+    absl::StatusCode code = absl::StatusCode::kUnavailable;
   };
   // A feed is a Pipe stream (common/pipe_stream.h); what it sends back
   // becomes FeedEvents from gRPC's threads.
@@ -270,8 +274,10 @@ void JobRunner::Impl::OnFeedMessage(const std::string& what, absl::StatusOr<Pipe
     } else if (msg.has_result()) {
       e.kind = FeedEvent::kResult;
       e.result = msg.result();
+      e.skipped = msg.skipped();
     } else if (msg.has_error()) {
       e.error = msg.error().message();
+      if (msg.error().code() != 0) e.code = static_cast<absl::StatusCode>(msg.error().code());
     } else {
       e.error = absl::StrCat(what, " sent an unexpected message");
     }
@@ -384,7 +390,11 @@ void JobRunner::Impl::Handle(const FeedEvent& e) {
                                                " s after the failure was detected"));
     }
   } else if (e.kind == FeedEvent::kResult) {
-    if (e.phase == v1::EVAL) {
+    if (e.skipped) {
+      // Dropped for a NaN or Inf (train.on_nonfinite: skip): counted by
+      // the stage that dropped it, in no loss or accuracy.
+      if (e.phase == v1::EVAL) --eval_pending_;
+    } else if (e.phase == v1::EVAL) {
       --eval_pending_;
       // Losses are means over predictions (examples or tokens).
       const int64_t predictions =
@@ -421,7 +431,7 @@ absl::Status JobRunner::Impl::WaitUntil(const std::function<bool()>& done) {
     }
     if (got) {
       last_event_ = Clock::now();
-      if (e.kind == FeedEvent::kError) return absl::UnavailableError(e.error);
+      if (e.kind == FeedEvent::kError) return absl::Status(e.code, e.error);
       Handle(e);
       Publish(false);
       continue;
@@ -499,6 +509,7 @@ void JobRunner::Impl::PollStages() {
                    *s.mutable_stages(i)->mutable_memory() = resp.memory();
                    *s.mutable_stages(i)->mutable_peak_memory() = resp.peak_memory();
                    s.mutable_stages(i)->set_async_from_step(resp.async_from_step());
+                   s.mutable_stages(i)->set_nonfinite_skipped(resp.nonfinite_skipped());
                  })
         .IgnoreError();
   }
@@ -860,7 +871,7 @@ absl::StatusOr<std::vector<v1::StageAssignment>> JobRunner::Impl::PlanRun() {
   if (!data.ok()) return absl::InvalidArgumentError(data.status().message());
   data_ = std::move(*data);
   // Checked at submit; the files may have changed since.
-  auto plan = PlanModel(spec_, data_.info);
+  auto plan = PlanModel(spec_, data_.info, r_.options_.max_model_bytes);
   if (!plan.ok()) return absl::InvalidArgumentError(plan.status().message());
   lm_ = data_.info.task == Task::kLanguageModel;
   r_.store_

@@ -20,6 +20,7 @@
 #include "coordinator/job_store.h"
 #include "coordinator/worker_registry.h"
 #include "pipeline/checkpoint.h"
+#include "pipeline/model_plan.h"
 
 namespace pipemare {
 
@@ -37,6 +38,9 @@ struct RunnerOptions {
   double drain_timeout_seconds = 20;
   // Jobs one submitter may have waiting (PENDING) at once.
   int max_queued_jobs_per_submitter = 32;
+  // The float32 parameter bytes one job's model may take, checked unit by
+  // unit before each is built (the shape pass at submit and at start).
+  int64_t max_model_bytes = kDefaultMaxModelBytes;
 };
 
 // Asks a running job to drain (a worker or the coordinator is stopping:

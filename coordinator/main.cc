@@ -70,6 +70,14 @@ int main(int argc, char** argv) {
       ->envname("PIPEMARE_MAX_QUEUED_JOBS")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  int64_t max_model_bytes = pipemare::kDefaultMaxModelBytes;
+  app.add_option("--max-model-bytes", max_model_bytes,
+                 "float32 parameter bytes one job's model may take; each unit is checked by "
+                 "arithmetic before the shape pass builds it, and this coordinator holds one "
+                 "unit at a time")
+      ->envname("PIPEMARE_MAX_MODEL_BYTES")
+      ->check(CLI::Range(int64_t{1} << 20, int64_t{1} << 40))
+      ->capture_default_str();
   size_t max_spec_bytes = 1 << 20;
   app.add_option("--max-spec-bytes", max_spec_bytes, "largest job spec accepted, in bytes")
       ->envname("PIPEMARE_MAX_SPEC_BYTES")
@@ -146,6 +154,7 @@ int main(int argc, char** argv) {
   options.stall_timeout_seconds = stall_timeout;
   options.drain_timeout_seconds = drain_timeout;
   options.max_queued_jobs_per_submitter = max_queued_jobs;
+  options.max_model_bytes = max_model_bytes;
   options.checkpoint_dir = !checkpoint_dir.empty() ? checkpoint_dir
                            : !state_dir.empty()    ? state_dir + "/checkpoints"
                                                    : "pipemare-checkpoints";

@@ -238,6 +238,7 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (s->microbatch_size() == 0) s->set_microbatch_size(64);
   if (s->microbatches_per_step() == 0) s->set_microbatches_per_step(1);
   if (!spec.train().has_shuffle()) spec.mutable_train()->set_shuffle(true);
+  if (spec.train().on_nonfinite().empty()) spec.mutable_train()->set_on_nonfinite("fail");
   if (spec.checkpoint().keep() == 0) spec.mutable_checkpoint()->set_keep(3);
   auto* r = spec.mutable_recovery();
   if (!r->has_max_restarts()) r->set_max_restarts(3);
@@ -697,6 +698,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   const auto& t = spec.train();
   if (t.epochs() < 1 || t.epochs() > 100000)
     return Bad("train.epochs", "required, an integer in 1..100000");
+  if (!t.on_nonfinite().empty() && t.on_nonfinite() != "fail" && t.on_nonfinite() != "skip") {
+    return Bad("train.on_nonfinite", absl::StrCat("'", t.on_nonfinite(),
+                                                  "' is not allowed; allowed: fail (the default: "
+                                                  "the job fails), skip (drop the microbatch)"));
+  }
   // checkpoint
   const auto& c = spec.checkpoint();
   if (c.every_steps() < 0) {
@@ -758,6 +764,7 @@ absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(
     a.set_total_steps(steps_per_epoch * spec.train().epochs());
     a.set_checkpoint_every_steps(spec.checkpoint().every_steps());
     a.set_checkpoint_dir(spec.checkpoint().dir());
+    a.set_on_nonfinite(spec.train().on_nonfinite());
     out.push_back(std::move(a));
   }
   return out;

@@ -641,6 +641,23 @@ TEST(JobSpecValidateTest, EpochsRange) {
                 "train.epochs", "1..100000");
 }
 
+TEST(JobSpecValidateTest, OnNonFiniteIsFailOrSkipAndReachesEveryStage) {
+  ExpectInvalid(
+      ValidateMutated([](v1::JobSpec& s) { s.mutable_train()->set_on_nonfinite("ignore"); }),
+      "train.on_nonfinite", "allowed: fail");
+  auto spec = ParseJobSpec(
+      "name: n\nmodel: {type: mlp, layers: [4, 3, 2]}\ndata: {type: mnist, path: d}\n"
+      "optimizer: {lr: 0.1}\nschedule: {type: pipemare, stages: 2}\n"
+      "train: {epochs: 1, on_nonfinite: skip}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto stages = ResolveStageAssignments(*spec, "j", 4, nullptr);
+  ASSERT_TRUE(stages.ok()) << stages.status();
+  for (const auto& a : *stages) EXPECT_EQ(a.on_nonfinite(), "skip");
+  v1::JobSpec defaults;
+  ApplyJobSpecDefaults(defaults);
+  EXPECT_EQ(defaults.train().on_nonfinite(), "fail");
+}
+
 TEST(ModelUnitCountTest, MlpUnitsAreLayersMinusOne) {
   v1::ModelSpec m;
   m.set_type("mlp");

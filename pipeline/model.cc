@@ -205,18 +205,35 @@ absl::Status ExpectIn(const std::string& label, int64_t declared, int64_t actual
 
 // --- The layer list -----------------------------------------------------------
 
-absl::StatusOr<torch::nn::AnyModule> BuildLayer(const v1::UnitSpec& u, const TensorType& in,
-                                                const std::string& field);
-
 // The most parameters one unit may hold (4 GiB of float32). Checked by
 // arithmetic before a unit is built, so that no spec makes the shape pass
 // (in the coordinator) or a worker allocate more and be killed for it.
 constexpr double kMaxUnitParameters = double(int64_t{1} << 30);
 
-absl::Status CheckSize(double parameters, const std::string& label) {
-  if (parameters <= kMaxUnitParameters) return absl::OkStatus();
-  return Bad(label, absl::StrCat("would hold ", static_cast<int64_t>(parameters),
-                                 " parameters; a unit may hold at most ",
+// What the unit being built may still hold: at most kMaxUnitParameters, and
+// in the shape pass what is left of the job's --max-model-bytes.
+struct SizeLimit {
+  double parameters = kMaxUnitParameters;
+  int64_t model_bytes = 0;  // the budget it comes from; 0: the unit cap
+};
+
+absl::StatusOr<torch::nn::AnyModule> BuildLayer(const v1::UnitSpec& u, const TensorType& in,
+                                                const std::string& field, const SizeLimit& limit);
+
+absl::Status CheckSize(double parameters, const std::string& label, const SizeLimit& limit) {
+  if (parameters <= limit.parameters) return absl::OkStatus();
+  const auto n = static_cast<int64_t>(parameters);
+  if (limit.model_bytes > 0) {
+    return Bad(label, absl::StrCat("would hold ", n, " parameters (", n * 4,
+                                   " bytes of float32), more than the ",
+                                   static_cast<int64_t>(limit.parameters),
+                                   " the model may still hold under the coordinator's "
+                                   "--max-model-bytes ",
+                                   limit.model_bytes,
+                                   ": make the model smaller, or have the operator raise "
+                                   "--max-model-bytes"));
+  }
+  return Bad(label, absl::StrCat("would hold ", n, " parameters; a unit may hold at most ",
                                  static_cast<int64_t>(kMaxUnitParameters),
                                  " (4 GiB of float32): make it smaller or split it into units"));
 }
@@ -247,11 +264,14 @@ double LayerParameters(const v1::UnitSpec& u, const TensorType& in) {
 // The layers `body` as one Sequential, checking each against its input.
 absl::StatusOr<std::pair<torch::nn::Sequential, TensorType>> BuildChain(
     const google::protobuf::RepeatedPtrField<v1::UnitSpec>& body, TensorType in,
-    const std::string& field) {
+    const std::string& field, SizeLimit limit) {
   torch::nn::Sequential seq;
   for (int j = 0; j < body.size(); ++j) {
     const std::string f = absl::StrCat(field, "[", j, "]");
-    auto layer = BuildLayer(body[j], in, f);
+    auto layer = BuildLayer(body[j], in, f, limit);
+    if (layer.ok()) {  // what the next layer of the chain may still hold
+      for (const auto& p : layer->ptr()->parameters()) limit.parameters -= double(p.numel());
+    }
     if (!layer.ok()) return layer.status();
     auto out = Probe(*layer, in, absl::StrCat(f, " (", body[j].type(), ")"));
     if (!out.ok()) return out.status();
@@ -262,12 +282,12 @@ absl::StatusOr<std::pair<torch::nn::Sequential, TensorType>> BuildChain(
 }
 
 absl::StatusOr<torch::nn::AnyModule> BuildLayer(const v1::UnitSpec& u, const TensorType& in,
-                                                const std::string& field) {
+                                                const std::string& field, const SizeLimit& limit) {
   namespace nn = torch::nn;
   const std::string& t = u.type();
   const std::string label = absl::StrCat(field, " (", t, ")");
   const bool bias = u.has_bias() ? u.bias() : true;
-  if (auto st = CheckSize(LayerParameters(u, in), label); !st.ok()) return st;
+  if (auto st = CheckSize(LayerParameters(u, in), label, limit); !st.ok()) return st;
   auto positive = [&](const char* name, int64_t v) -> absl::Status {
     if (v >= 1) return absl::OkStatus();
     return Bad(absl::StrCat(field, ".", name),
@@ -368,7 +388,7 @@ absl::StatusOr<torch::nn::AnyModule> BuildLayer(const v1::UnitSpec& u, const Ten
     if (u.body_size() == 0) {
       return Bad(absl::StrCat(field, ".body"), "required: the branch's layers, at least one");
     }
-    auto body = BuildChain(u.body(), in, absl::StrCat(field, ".body"));
+    auto body = BuildChain(u.body(), in, absl::StrCat(field, ".body"), limit);
     if (!body.ok()) return body.status();
     const TensorType& out = body->second;
     nn::Sequential shortcut;
@@ -432,10 +452,11 @@ double ZooUnitParameters(const v1::ModelSpec& m, int u, int total, const TensorT
 
 // The layers of unit u of a zoo model, given the unit's input.
 absl::StatusOr<torch::nn::Sequential> ZooUnit(const v1::ModelSpec& m, int u, int total,
-                                              const TensorType& in, const std::string& label) {
+                                              const TensorType& in, const std::string& label,
+                                              const SizeLimit& limit) {
   namespace nn = torch::nn;
   nn::Sequential seq;
-  if (auto st = CheckSize(ZooUnitParameters(m, u, total, in), label); !st.ok()) return st;
+  if (auto st = CheckSize(ZooUnitParameters(m, u, total, in), label, limit); !st.ok()) return st;
   if (m.type() == "mlp") {
     const int64_t features = Numel(in.shape);
     if (in.tokens || features != m.layers(u)) {
@@ -585,8 +606,8 @@ class UnitSource {
   // Unit u on input `in`, its weights drawn from a generator seeded with
   // (seed, u) so that they do not depend on the partition; checked against
   // its input by one probe forward.
-  absl::StatusOr<std::pair<torch::nn::AnyModule, UnitInfo>> Build(int u, int64_t seed,
-                                                                  const TensorType& in) const {
+  absl::StatusOr<std::pair<torch::nn::AnyModule, UnitInfo>> Build(
+      int u, int64_t seed, const TensorType& in, const SizeLimit& limit = {}) const {
     torch::manual_seed(static_cast<uint64_t>(seed) * 1000003ULL + static_cast<uint64_t>(u));
     const v1::ModelSpec& m = model_;
     UnitInfo info;
@@ -610,12 +631,12 @@ class UnitSource {
       } else {
         absl::StatusOr<torch::nn::Sequential> layers;
         if (m.type() == "sequential") {
-          auto layer = BuildLayer(m.units(u), in, absl::StrCat("model.units[", u, "]"));
+          auto layer = BuildLayer(m.units(u), in, absl::StrCat("model.units[", u, "]"), limit);
           if (!layer.ok()) return layer.status();
           layers = torch::nn::Sequential();
           (*layers)->push_back(*layer);
         } else {
-          layers = ZooUnit(m, u, total_, in, label);
+          layers = ZooUnit(m, u, total_, in, label, limit);
           if (!layers.ok()) return layers.status();
         }
         unit = torch::nn::AnyModule(Unit(*layers));
@@ -659,7 +680,7 @@ std::string ShapeString(const TensorType& t) {
                       t.tokens ? " token ids" : "");
 }
 
-absl::StatusOr<std::string> ReadTorchScript(const std::string& path) {
+absl::StatusOr<std::string> ReadTorchScript(const std::string& path, int64_t max_model_bytes) {
   // The file travels to every worker inside its stage assignment, an RPC of
   // at most 256 MiB (common/rpc.h).
   constexpr uintmax_t kMaxBytes = 192u << 20;
@@ -672,6 +693,13 @@ absl::StatusOr<std::string> ReadTorchScript(const std::string& path) {
                             " bytes; a TorchScript model may "
                             "be at most ",
                             kMaxBytes, " (it is sent to every worker): use a smaller model"));
+  }
+  if (!ec && max_model_bytes > 0 && size > static_cast<uintmax_t>(max_model_bytes)) {
+    return Bad("model.path", absl::StrCat("'", path, "' is ", size,
+                                          " bytes, more than the coordinator's --max-model-bytes ",
+                                          max_model_bytes,
+                                          ": use a smaller model, or have the operator raise "
+                                          "--max-model-bytes"));
   }
   std::ifstream f(path, std::ios::binary);
   if (!f || std::filesystem::is_directory(path, ec)) {
@@ -712,24 +740,41 @@ absl::StatusOr<BuiltUnits> BuildUnits(const v1::ModelSpec& model, int first_unit
 }
 
 absl::StatusOr<std::vector<UnitInfo>> ShapePass(const v1::ModelSpec& model, const TensorType& input,
-                                                const std::string& torchscript) {
+                                                const std::string& torchscript,
+                                                int64_t max_model_bytes) {
   auto source = UnitSource::Open(model, torchscript);
   if (!source.ok()) return source.status();
   if (source->total() < 1) return Bad("model", "has no units");
   // One unit at a time: the coordinator holds at most one unit's weights
-  // (beyond a TorchScript file's, which it has read).
+  // (beyond a TorchScript file's, which it has read), and each unit is
+  // checked by arithmetic against what the budget has left before it is
+  // allocated.
   std::vector<UnitInfo> units;
   TensorType in = input;
+  double left = max_model_bytes > 0 ? double(max_model_bytes) / 4 : kMaxUnitParameters;
   for (int u = 0; u < source->total(); ++u) {
-    auto unit = source->Build(u, 0, in);
+    SizeLimit limit;
+    if (max_model_bytes > 0 && left < kMaxUnitParameters) limit = {left, max_model_bytes};
+    auto unit = source->Build(u, 0, in, limit);
     if (!unit.ok()) return unit.status();
     units.push_back(std::move(unit->second));
     in = units.back().out;
+    if (max_model_bytes > 0) {
+      left -= double(units.back().parameters);
+      if (left < 0) {  // a TorchScript unit (loaded with its file) past the budget
+        return Bad(absl::StrCat("unit ", u, " (", units.back().name, ")"),
+                   absl::StrCat("brings the model past the coordinator's --max-model-bytes ",
+                                max_model_bytes,
+                                " of float32 parameters: make the model smaller, "
+                                "or have the operator raise --max-model-bytes"));
+      }
+    }
   }
   return units;
 }
 
-absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& data) {
+absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& data,
+                                    int64_t max_model_bytes) {
   const auto& d = spec.data();
   if (spec.model().type() == "mlp" && (d.type() == "idx" || d.type() == "mnist")) {
     // An MLP's widths against idx files: the error names the file the
@@ -742,12 +787,12 @@ absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& dat
   const int64_t context = lm && !data.input_shape.empty() ? data.input_shape[0] : 0;
   if (auto st = ResolveModel(plan.model, data.classes, context); !st.ok()) return st;
   if (plan.model.type() == "torchscript") {
-    auto bytes = ReadTorchScript(plan.model.path());
+    auto bytes = ReadTorchScript(plan.model.path(), max_model_bytes);
     if (!bytes.ok()) return bytes.status();
     plan.torchscript = std::move(*bytes);
   }
   plan.input = TensorType{data.input_shape, data.token_input()};
-  auto units = ShapePass(plan.model, plan.input, plan.torchscript);
+  auto units = ShapePass(plan.model, plan.input, plan.torchscript, max_model_bytes);
   if (!units.ok()) return units.status();
   plan.units = std::move(*units);
   const int total = static_cast<int>(plan.units.size());

@@ -43,14 +43,19 @@ absl::StatusOr<int> CountUnits(const v1::ModelSpec& model, const std::string& to
 
 // The whole chain on `input`: every unit's shapes and parameters. The last
 // unit must give per-example logits: [classes] for classification, or
-// [T, vocab] for language models (T = the input's context).
+// [T, vocab] for language models (T = the input's context). With
+// `max_model_bytes` > 0, the model's float32 parameters may take at most
+// that many bytes: each unit is checked by arithmetic before it is built
+// (INVALID_ARGUMENT naming the unit and the coordinator's --max-model-bytes).
 absl::StatusOr<std::vector<UnitInfo>> ShapePass(const v1::ModelSpec& model, const TensorType& input,
-                                                const std::string& torchscript = "");
+                                                const std::string& torchscript = "",
+                                                int64_t max_model_bytes = 0);
 
 // Reads a TorchScript file for model.path; INVALID_ARGUMENT naming model.path
 // if it cannot be read, is not TorchScript, or is not an nn.Sequential with
 // at least one child.
-absl::StatusOr<std::string> ReadTorchScript(const std::string& path);
+// With `max_model_bytes` > 0 a larger file is refused before it is read.
+absl::StatusOr<std::string> ReadTorchScript(const std::string& path, int64_t max_model_bytes = 0);
 
 // Per unit of the whole model, median seconds of one microbatch's forward
 // and backward (the backward recomputes the forward, as training does), on

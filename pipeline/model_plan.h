@@ -50,7 +50,12 @@ struct ModelPlan {
   TensorType input;         // per example, of unit 0
   std::vector<UnitInfo> units;
 };
-absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& data);
+// The coordinator's --max-model-bytes default: the float32 parameters one
+// job's model may take (1 Gi parameters), checked unit by unit before each
+// is built (ShapePass in pipeline/model.h).
+constexpr int64_t kDefaultMaxModelBytes = int64_t{4} << 30;
+absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& data,
+                                    int64_t max_model_bytes = kDefaultMaxModelBytes);
 
 }  // namespace pipemare
 

@@ -452,6 +452,21 @@ TEST(SequentialTest, AUnitTooLargeToAllocateIsRefusedBeforeItIsBuilt) {
               HasSubstr("unit 1 (transformer_lm block): would hold"));
 }
 
+TEST(SequentialTest, TheModelBudgetCountsEveryUnitAndEveryLayerOfAResidual) {
+  // 784 -> 100 (78500 parameters), then 100 -> 100 inside a residual
+  // (2 x 10100): 98700 in all, 394800 bytes.
+  const v1::ModelSpec m = FromYaml(
+      "{type: sequential, units: [{type: flatten}, {type: linear, out: 100}, "
+      "{type: residual, body: [{type: linear, out: 100}, {type: linear, out: 100}]}]}");
+  EXPECT_TRUE(ShapePass(m, kImage, "", 394800).ok());
+  EXPECT_THAT(ShapePass(m, kImage, "", 394800 - 4).status().message(),
+              HasSubstr("model.units[2].body[1] (linear): would hold 10100 parameters (40400 "
+                        "bytes of float32), more than the 10099 the model may still hold under "
+                        "the coordinator's --max-model-bytes 394796"));
+  EXPECT_THAT(ShapePass(m, kImage, "", 350000).status().message(),
+              HasSubstr("model.units[2].body[0] (linear)"));
+}
+
 TEST(CheckExampleShapeTest, BoundsWhatArrivesOverRpc) {
   EXPECT_TRUE(CheckExampleShape({1, 28, 28}, 64, "input_shape").ok());
   EXPECT_THAT(CheckExampleShape({}, 1, "input_shape").message(),

@@ -376,7 +376,11 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
   torch::Tensor grad_input;
   double correction = 0;
   absl::Status st =
-      virtual_.enabled
+      saved.dropped ? Guard("dropped backward",
+                            [&] {
+                              if (!is_first()) grad_input = torch::zeros_like(saved.input);
+                            })
+      : virtual_.enabled
           ? Guard("virtual backward", [&] { grad_input = VirtualBackward(saved); })
           : Guard(absl::StrCat("stage ", stage_, " backward").c_str(), [&] {
               auto params = module_->parameters();
@@ -447,6 +451,16 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
   return grad_input;
 }
 
+absl::Status StageRuntime::Drop(uint64_t microbatch) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  auto it = saved_.find(microbatch);
+  if (it == saved_.end()) {
+    return absl::NotFoundError(absl::StrCat("microbatch ", microbatch, " is not saved"));
+  }
+  it->second.dropped = true;
+  return absl::OkStatus();
+}
+
 torch::Tensor StageRuntime::Recompute(const torch::Tensor& x, const torch::Tensor& rng,
                                       std::vector<torch::Tensor>* buffers) {
   // The training forward already updated BatchNorm's running statistics and
@@ -492,7 +506,7 @@ absl::Status StageRuntime::Step() {
   // computed, and nothing else.
   double grad_norm = 0;
   if (!virtual_.enabled) {
-    absl::Status st = Guard(absl::StrCat("stage ", stage_, " step").c_str(),
+    absl::Status st = Guard(absl::StrCat("stage ", stage_, " optimizer step").c_str(),
                             [&] { grad_norm = ApplyGradients(); });
     if (!st.ok()) return st;
   }

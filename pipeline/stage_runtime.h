@@ -146,6 +146,13 @@ class StageRuntime {
   // gradient; it never steps by itself (the plan's U does: Step).
   absl::StatusOr<torch::Tensor> Backward(uint64_t microbatch, const torch::Tensor& grad_output);
 
+  // Drops saved microbatch `microbatch` from learning (train.on_nonfinite:
+  // skip): its Backward then differentiates nothing, accumulates no
+  // gradient, and returns zeros for the stage below; it still counts as one
+  // of the step's N backwards, so the plan is unchanged. NOT_FOUND if it is
+  // not saved.
+  absl::Status Drop(uint64_t microbatch);
+
   // One optimizer step (a plan's U) from the N accumulated backwards: T1's
   // learning rate, clipping, the optimizer, T2's velocity. FAILED_PRECONDITION
   // unless exactly N backwards ran since the last step.
@@ -180,6 +187,7 @@ class StageRuntime {
     torch::Tensor targets;  // last stage only
     int64_t step = 0;       // optimizer steps applied when the forward ran
     torch::Tensor rng;      // the generator's state before the forward (dropout's masks)
+    bool dropped = false;   // Drop(): the backward only passes zeros on
   };
 
   // A stashed weight version (pipedream) and the in-flight microbatches

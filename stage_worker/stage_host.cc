@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "pipeline/torch_codec.h"
@@ -22,10 +24,20 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// Whether every element of `t` is finite, in one pass and without a mask:
+// the float64 sum of floats cannot overflow, and is NaN or Inf exactly when
+// an element is.
+bool AllFinite(const torch::Tensor& t) {
+  if (!t.is_floating_point() || t.numel() == 0) return true;
+  return std::isfinite(t.sum(torch::kDouble).item<double>());
+}
+
+std::string ShapeText(c10::IntArrayRef sizes) { return c10::str(sizes); }
+
 }  // namespace
 
 StageHost::StageHost(const v1::StageAssignment& a, const std::string& self_address)
-    : assignment_(a), self_address_(self_address) {}
+    : assignment_(a), self_address_(self_address), skip_nonfinite_(a.on_nonfinite() == "skip") {}
 
 absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
     const v1::StageAssignment& a, torch::Device device, const std::string& self_address,
@@ -301,34 +313,61 @@ bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
   if (!message.ok()) {
     why = std::string(message.status().message());
   } else if (message->message.has_error()) {
-    Fail(message->message.error().message(), side);
+    const int code = message->message.error().code();
+    Fail(message->message.error().message(), side,
+         code == 0 ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(code));
     return false;
   } else if (side == Side::kDownstream) {
     if (!message->message.has_gradient()) {
       why = "downstream sent something that is not a gradient";
     } else {
       auto t = FromWire(*message, ReceiveAs());
+      const uint64_t id = message->message.microbatch();
       if (!t.ok()) {
-        why = absl::StrCat("gradient of microbatch ", message->message.microbatch(), ": ",
-                           t.status().message());
+        why = absl::StrCat("gradient of microbatch ", id, ": ", t.status().message());
       } else {
         metrics_->received_gradient_bytes->Increment(message->data_size);
-        const uint64_t id = message->message.microbatch();
         {
           std::lock_guard<std::mutex> lock(mu_);
-          // Never more gradients than microbatches in flight below this
-          // stage (the coordinator's window), and one per microbatch.
-          if (gradients_.size() >= inbox_capacity_) {
+          // Only for a training activation this stage sent and still awaits
+          // a gradient for, of the shape it sent; never more gradients than
+          // microbatches in flight below this stage (the coordinator's
+          // window).
+          auto sent = awaiting_gradient_.find(id);
+          if (sent == awaiting_gradient_.end()) {
+            why = id > last_sent_
+                      ? absl::StrCat("gradient of microbatch ", id,
+                                     ", which this stage never sent downstream")
+                      : absl::StrCat("stale gradient of microbatch ", id,
+                                     ": its gradient already arrived, or it was not a training "
+                                     "microbatch");
+          } else if (!t->sizes().equals(sent->second)) {
+            why = absl::StrCat("gradient of microbatch ", id, " has shape ", ShapeText(t->sizes()),
+                               " but the activation sent was ", ShapeText(sent->second));
+          } else if (message->message.gradient().dtype() !=
+                     WireDType(wire_dtype_.value_or(torch::kFloat32))) {
+            why = absl::StrCat("gradient of microbatch ", id, " is ",
+                               v1::DType_Name(message->message.gradient().dtype()), " but ",
+                               v1::DType_Name(WireDType(wire_dtype_.value_or(torch::kFloat32))),
+                               " was sent (schedule.wire_dtype)");
+          } else if (gradients_.size() >= inbox_capacity_) {
             why = absl::StrCat("gradient of microbatch ", id, ": more than ", inbox_capacity_,
                                " gradients waiting, more than the pipeline's window allows");
-          } else if (std::any_of(gradients_.begin(), gradients_.end(),
-                                 [&](const Event& e) { return e.microbatch == id; })) {
-            why = absl::StrCat("gradient of microbatch ", id, " arrived twice");
           } else {
-            gradients_.push_back(Event{true, id, v1::TRAIN, *t});
+            awaiting_gradient_.erase(sent);
           }
         }
         if (why.empty()) {
+          Event e{true, id, v1::TRAIN, *t};
+          if (!AllFinite(e.tensor)) {
+            if (!OnNonFinite(id, "gradient", side)) return false;
+            e.skipped = true;
+            e.tensor = torch::zeros_like(e.tensor);
+          }
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            gradients_.push_back(std::move(e));
+          }
           cv_.notify_all();
           return true;
         }
@@ -347,12 +386,19 @@ bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
         const uint64_t id = message->message.microbatch();
         {
           std::lock_guard<std::mutex> lock(mu_);
-          // The feed sends targets only for microbatches in the window.
+          // The feed sends targets only for microbatches in the window, in
+          // increasing id order.
           if (targets_.size() >= inbox_capacity_) {
             why = absl::StrCat("targets of microbatch ", id, ": more than ", inbox_capacity_,
                                " targets waiting, more than the pipeline's window allows");
-          } else if (!targets_.emplace(id, *t).second) {
+          } else if (targets_.count(id)) {
             why = absl::StrCat("targets of microbatch ", id, " arrived twice");
+          } else if (id <= last_targets_) {
+            why = absl::StrCat("targets of microbatch ", id, " arrived after microbatch ",
+                               last_targets_, "'s: a stale id (ids only increase)");
+          } else {
+            targets_.emplace(id, *t);
+            last_targets_ = id;
           }
         }
         if (why.empty()) {
@@ -365,23 +411,42 @@ bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
     why = "an upstream stream may only carry activations";
   } else {
     // Stage 0's input feed is float32 already; peers may send a wire dtype.
+    const uint64_t id = message->message.microbatch();
     auto t = FromWire(*message, ReceiveAs());
     if (!t.ok()) {
-      why = absl::StrCat("activation of microbatch ", message->message.microbatch(), ": ",
-                         t.status().message());
-    } else {
-      metrics_->received_activation_bytes->Increment(message->data_size);
-      bool more;
+      why = absl::StrCat("activation of microbatch ", id, ": ", t.status().message());
+    } else if (why = CheckActivation(id, message->message.activation(), *t); why.empty()) {
       {
+        // (One message at a time per stream: nothing else moves it.)
         std::lock_guard<std::mutex> lock(mu_);
-        activations_.push_back(
-            Event{false, message->message.microbatch(), message->message.phase(), *t});
-        // A full inbox stops reading: backpressure on the sender.
-        more = activations_.size() < inbox_capacity_;
-        if (!more) upstream_paused_ = true;
+        if (id <= last_activation_) {
+          why = absl::StrCat("activation of microbatch ", id, " arrived after microbatch ",
+                             last_activation_,
+                             "'s: a duplicate or out-of-order id (ids only increase)");
+        } else {
+          last_activation_ = id;
+        }
       }
-      cv_.notify_all();
-      return more;
+      if (why.empty()) {
+        metrics_->received_activation_bytes->Increment(message->data_size);
+        Event e{false, id, message->message.phase(), *t};
+        e.skipped = message->message.skipped();
+        if (!e.skipped && !AllFinite(e.tensor)) {
+          if (!OnNonFinite(id, "activation", side)) return false;
+          e.skipped = true;
+        }
+        if (e.skipped) e.tensor = torch::zeros_like(e.tensor);
+        bool more;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          activations_.push_back(std::move(e));
+          // A full inbox stops reading: backpressure on the sender.
+          more = activations_.size() < inbox_capacity_;
+          if (!more) upstream_paused_ = true;
+        }
+        cv_.notify_all();
+        return more;
+      }
     }
   }
   Fail(absl::StrCat("stage ", stage, " (", self_address_, "): bad message from its ",
@@ -395,6 +460,51 @@ bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
                     side == Side::kDownstream);
   }
   return false;
+}
+
+std::string StageHost::CheckActivation(uint64_t id, const v1::Tensor& header,
+                                       const torch::Tensor& t) const {
+  const bool feed = assignment_.stage() == 0;
+  const v1::DType want = feed && assignment_.token_input() ? v1::INT64
+                         : feed                            ? v1::FLOAT32
+                                : WireDType(wire_dtype_.value_or(torch::kFloat32));
+  if (header.dtype() != want) {
+    return absl::StrCat("activation of microbatch ", id, " is ", v1::DType_Name(header.dtype()),
+                        " but this stage takes ", v1::DType_Name(want),
+                        feed ? "" : " (schedule.wire_dtype)");
+  }
+  const auto& example = assignment_.input_shape();
+  bool fits = t.dim() >= 1 && t.size(0) >= 1;
+  if (fits && !example.empty()) {
+    fits = t.dim() == example.size() + 1;
+    for (int j = 0; fits && j < example.size(); ++j) fits = t.size(j + 1) == example[j];
+  }
+  if (fits) return "";
+  std::vector<int64_t> want_shape(example.begin(), example.end());
+  return absl::StrCat("activation of microbatch ", id, " has shape ", ShapeText(t.sizes()),
+                      " but this stage takes [B, ", absl::StrJoin(want_shape, ", "),
+                      "] (the input of unit ", assignment_.first_unit(), ")");
+}
+
+bool StageHost::OnNonFinite(uint64_t id, const std::string& what, Side side) {
+  const int stage = assignment_.stage();
+  const int64_t step = runtime_->Stats().steps;
+  if (!skip_nonfinite_) {
+    Fail(absl::StrCat(
+             "stage ", stage, " (", self_address_, "): NaN or Inf in the ", what, " of microbatch ",
+             id, side == Side::kNone ? " it computed" : " from its " + SideName(side), ", at step ",
+             step, " (train.on_nonfinite: fail; set it to skip to drop such microbatches)"),
+         Side::kNone, absl::StatusCode::kFailedPrecondition);
+    return false;
+  }
+  nonfinite_skipped_.fetch_add(1);
+  metrics_->nonfinite_skipped->Increment();
+  LogWarning(
+      ForStage(assignment_.job_id(), stage),
+      absl::StrCat("skipped microbatch ", id, " at step ", step, ": NaN or Inf in its ", what,
+                   side == Side::kNone ? " it computed" : " from its " + SideName(side),
+                   " (train.on_nonfinite: skip)"));
+  return true;
 }
 
 void StageHost::OnStreamEnd(Side side, const grpc::Status& status) {
@@ -546,7 +656,20 @@ absl::Status StageHost::HandleActivation(const Event& event) {
   auto out = train ? executor_->Forward(event.microbatch, event.tensor, targets)
                    : executor_->Evaluate(event.microbatch, event.tensor, targets);
   if (!out.ok()) return out.status();
-  if (auto st = Emit(*out, event.phase); !st.ok()) return st;
+  bool skipped = event.skipped;
+  if (out->loss && !skipped && !std::isfinite(out->loss->loss)) {
+    // The last stage's own loss: where a NaN it computed first shows.
+    if (!OnNonFinite(event.microbatch, "loss", Side::kNone)) {
+      return absl::FailedPreconditionError("non-finite loss");
+    }
+    skipped = true;
+  }
+  // A dropped microbatch: no weight here learns from it (its backward
+  // passes zeros up), and every later stage and the coordinator know.
+  if (skipped && train) {
+    if (auto st = runtime_->Drop(event.microbatch); !st.ok()) return st;
+  }
+  if (auto st = Emit(*out, event.phase, skipped); !st.ok()) return st;
   // Last stage: the backwards the plan puts next (1F1B: this one; gpipe:
   // the step's N after its N-th forward) need no input from anyone.
   return train ? RunLocal() : absl::OkStatus();
@@ -563,16 +686,20 @@ absl::Status StageHost::RunLocal() {
 
 absl::Status StageHost::HandleGradient(const Event& event) {
   if (runtime_->is_last()) return absl::InvalidArgumentError("the last stage got a gradient");
+  if (event.skipped) {
+    if (auto st = runtime_->Drop(event.microbatch); !st.ok()) return st;
+  }
   auto out = executor_->Backward(event.microbatch, event.tensor);
   if (!out.ok()) return out.status();
   if (auto st = Emit(*out, v1::TRAIN); !st.ok()) return st;
   return RunLocal();  // the U that follows every N-th backward
 }
 
-absl::Status StageHost::Emit(const StageExecutor::Output& out, v1::Phase phase) {
+absl::Status StageHost::Emit(const StageExecutor::Output& out, v1::Phase phase, bool skipped) {
   v1::StageMessage msg;
   msg.set_microbatch(out.microbatch);
   msg.set_phase(phase);
+  msg.set_skipped(skipped);
   switch (out.action.op) {
     case Action::Op::kUpdate:
       metrics_->Update(runtime_->Stats());  // observes the optimizer step
@@ -604,6 +731,13 @@ absl::Status StageHost::Emit(const StageExecutor::Output& out, v1::Phase phase) 
       }
       auto wire = ToWire(out.tensor, wire_dtype_);
       if (!wire.ok()) return wire.status();
+      if (phase == v1::TRAIN) {
+        // Before it can arrive: its gradient is then expected.
+        std::lock_guard<std::mutex> lock(mu_);
+        awaiting_gradient_[out.microbatch] =
+            std::vector<int64_t>(out.tensor.sizes().begin(), out.tensor.sizes().end());
+        last_sent_ = std::max(last_sent_, out.microbatch);
+      }
       *msg.mutable_activation() = std::move(wire->header);
       metrics_->sent_activation_bytes->Increment(wire->payload.size);
       return Send(Side::kDownstream, msg, std::move(wire->payload));
@@ -641,7 +775,7 @@ std::string StageHost::SideName(Side side) const {
   }
 }
 
-void StageHost::Fail(const std::string& message, Side from) {
+void StageHost::Fail(const std::string& message, Side from, absl::StatusCode code) {
   if (failed_.exchange(true)) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -651,6 +785,7 @@ void StageHost::Fail(const std::string& message, Side from) {
            absl::StrCat("stage failed: ", message));
   v1::StageMessage msg;
   msg.mutable_error()->set_message(message);
+  msg.mutable_error()->set_code(static_cast<int>(code));
   for (Side side : {Side::kUpstream, Side::kDownstream, Side::kTargets}) {
     if (side == from) continue;
     // Ahead of anything queued, and nothing more after it.
@@ -679,6 +814,7 @@ v1::StageStatusResponse StageHost::Status() const {
   to_proto(s.memory, r.mutable_memory());
   to_proto(s.peak_memory, r.mutable_peak_memory());
   r.set_async_from_step(s.async_from_step);
+  r.set_nonfinite_skipped(nonfinite_skipped_.load());
   {
     std::lock_guard<std::mutex> lock(checkpoint_mu_);
     *r.mutable_checkpoint() = checkpoint_written_;

@@ -109,6 +109,9 @@ class StageHost {
     torch::Tensor tensor;
     bool cut = false;  // CutAt's request (at `step`); no tensor
     int64_t step = 0;
+    // Dropped (train.on_nonfinite: skip): a NaN or Inf arrived in it here, or
+    // it came flagged from upstream; `tensor` then holds zeros.
+    bool skipped = false;
   };
   enum class Side { kNone, kUpstream, kDownstream, kTargets };
   static constexpr int kSides = 4;
@@ -139,7 +142,19 @@ class StageHost {
     return wire_dtype_ ? std::optional(torch::kFloat32) : std::nullopt;
   }
   // Marks the host failed with `message`; tells every side but `from`.
-  void Fail(const std::string& message, Side from = Side::kNone);
+  // `code`: how the coordinator takes it (StageError.code): UNAVAILABLE lets
+  // recovery restart the job, anything else fails it.
+  void Fail(const std::string& message, Side from = Side::kNone,
+            absl::StatusCode code = absl::StatusCode::kUnavailable);
+  // What is wrong with activation `t` of microbatch `id` (`header`: its
+  // wire dtype), or "" when it has the dtype and example shape this stage
+  // takes (schedule.wire_dtype; the shape pass's input of its first unit).
+  std::string CheckActivation(uint64_t id, const v1::Tensor& header, const torch::Tensor& t) const;
+  // A NaN or Inf arrived in microbatch `id`'s `what` from `side`: under
+  // train.on_nonfinite: fail, fails the job naming the stage, microbatch and
+  // step and returns false; under skip, counts it and returns true (the
+  // caller drops the microbatch).
+  bool OnNonFinite(uint64_t id, const std::string& what, Side side);
 
   const v1::StageAssignment assignment_;
   const std::string self_address_;
@@ -155,6 +170,15 @@ class StageHost {
   std::deque<Event> activations_;
   std::deque<Event> gradients_;
   std::map<uint64_t, torch::Tensor> targets_;
+  // Microbatch ids only increase on the upstream and target streams (the
+  // coordinator numbers them in feed order): the newest seen on each.
+  uint64_t last_activation_ = 0, last_targets_ = 0;
+  // Training activations sent downstream whose gradient has not arrived,
+  // with the shape sent (a gradient must have it), and the newest id sent.
+  std::map<uint64_t, std::vector<int64_t>> awaiting_gradient_;
+  uint64_t last_sent_ = 0;
+  std::atomic<int64_t> nonfinite_skipped_{0};
+  const bool skip_nonfinite_;  // train.on_nonfinite: skip
   std::string error_;
   int64_t cut_request_ = 0;  // CutAt's step, until the compute thread took it
   std::string cut_error_;
@@ -167,7 +191,8 @@ class StageHost {
   std::optional<StageExecutor> executor_;
   // Sends what an executed action produced (activation, gradient, loss,
   // done) and records its metrics.
-  absl::Status Emit(const StageExecutor::Output& out, v1::Phase phase);
+  // `skipped`: the microbatch was dropped (StageMessage.skipped).
+  absl::Status Emit(const StageExecutor::Output& out, v1::Phase phase, bool skipped = false);
 
   // Checkpoints: the executor hands each cut's snapshot (host memory) to
   // this thread, which writes it while the stage trains on

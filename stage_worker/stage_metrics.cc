@@ -84,6 +84,11 @@ WorkerMetrics::WorkerMetrics(const std::string& device)
                             .Name("pipemare_stage_checkpoint_bytes_total")
                             .Help("Bytes of checkpoint files written")
                             .Register(*registry_)),
+      nonfinite_skipped_(BuildCounter()
+                             .Name("pipemare_stage_nonfinite_skipped_total")
+                             .Help("Microbatches dropped at this stage for a NaN or Inf that "
+                                   "arrived here (train.on_nonfinite: skip)")
+                             .Register(*registry_)),
       in_flight_(BuildGauge()
                      .Name("pipemare_stage_microbatches_in_flight")
                      .Help("Forwards whose backward has not run yet")
@@ -166,6 +171,7 @@ StageMetrics::StageMetrics(WorkerMetrics* owner, const Labels& l) : owner_(owner
   checkpoint_snapshot_seconds = &w.checkpoint_snapshot_seconds_.Add(l, DurationBuckets());
   checkpoint_write_seconds = &w.checkpoint_write_seconds_.Add(l, DurationBuckets());
   checkpoint_bytes = &w.checkpoint_bytes_.Add(l);
+  nonfinite_skipped = &w.nonfinite_skipped_.Add(l);
   in_flight_ = &w.in_flight_.Add(l);
   delay_ = &w.delay_.Add(l);
   analytic_delay_ = &w.analytic_delay_.Add(l);
@@ -195,6 +201,7 @@ StageMetrics::~StageMetrics() {
   w.checkpoint_snapshot_seconds_.Remove(checkpoint_snapshot_seconds);
   w.checkpoint_write_seconds_.Remove(checkpoint_write_seconds);
   w.checkpoint_bytes_.Remove(checkpoint_bytes);
+  w.nonfinite_skipped_.Remove(nonfinite_skipped);
   w.in_flight_.Remove(in_flight_);
   w.delay_.Remove(delay_);
   w.analytic_delay_.Remove(analytic_delay_);

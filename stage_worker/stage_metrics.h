@@ -49,6 +49,8 @@ class StageMetrics {
   prometheus::Histogram* checkpoint_snapshot_seconds;
   prometheus::Histogram* checkpoint_write_seconds;
   prometheus::Counter* checkpoint_bytes;
+  // Microbatches dropped here for a NaN or Inf (train.on_nonfinite: skip).
+  prometheus::Counter* nonfinite_skipped;
 
   // Sets the gauges that mirror the runtime's stats.
   void Update(const StageStats& stats);
@@ -98,6 +100,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Histogram>& checkpoint_snapshot_seconds_;
   prometheus::Family<prometheus::Histogram>& checkpoint_write_seconds_;
   prometheus::Family<prometheus::Counter>& checkpoint_bytes_;
+  prometheus::Family<prometheus::Counter>& nonfinite_skipped_;
   prometheus::Family<prometheus::Gauge>& in_flight_;
   prometheus::Family<prometheus::Gauge>& delay_;
   prometheus::Family<prometheus::Gauge>& analytic_delay_;

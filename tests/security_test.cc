@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
 #include "common/dev_pki.h"
 #include "common/rpc.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
@@ -310,6 +311,27 @@ TEST(Security, ASubmitterMayQueueOnlySoManyJobsAndSpecsAreBounded) {
   grpc::Status st = stub->SubmitJob(context.get(), request, &response);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(st.error_message(), "--max-spec-bytes 4096")) << st.error_message();
+  EXPECT_TRUE(cluster.coordinator().Running());
+}
+
+TEST(Security, AModelOverTheCoordinatorsBudgetIsRefusedBeforeItIsBuilt) {
+  // --max-model-bytes 2 MiB: the short spec's MLP (242k parameters, 0.97 MB)
+  // fits; one with a 784 x 1024 layer (3.2 MB) is refused naming the layer
+  // and the flag, by arithmetic before the shape pass allocates it.
+  Cluster cluster(0, {"--max-model-bytes", "2097152"});
+  ASSERT_FALSE(cluster.address().empty()) << cluster.Logs();
+  const std::string fits = ShortSpec("fits", "gpipe", 2, 3200);
+  EXPECT_FALSE(cluster.Submit(cluster.WriteSpec("fits", fits)).empty());
+  const std::string big = absl::StrReplaceAll(
+      fits, {{"name: fits", "name: big"}, {"[784, 256, 128, 64, 10]", "[784, 1024, 10]"}});
+  auto r = cluster.Ctl({"submit", cluster.WriteSpec("big", big)});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.err,
+                                "model.layers[0]: would hold 803840 parameters (3215360 "
+                                "bytes of float32), more than the 524288 the model may "
+                                "still hold under the coordinator's --max-model-bytes "
+                                "2097152"))
+      << r.err;
   EXPECT_TRUE(cluster.coordinator().Running());
 }
 
