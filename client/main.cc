@@ -10,6 +10,7 @@
 #include "client/local.h"
 #include "client/simulate.h"
 #include "common/dev_pki.h"
+#include "common/health.h"
 #include "common/security.h"
 
 namespace pipemare::client {
@@ -136,6 +137,22 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(1, 3650))
       ->capture_default_str();
 
+  std::string health_address, health_service;
+  double health_timeout = 3;
+  CLI::App* health_cmd = app.add_subcommand(
+      "health",
+      "Check a service's --health-listen port (grpc.health.v1.Health, plaintext): exit 0 "
+      "when SERVING, 1 otherwise (for Docker HEALTHCHECK and scripts)");
+  health_cmd->add_option("ADDRESS", health_address, "host:port of the health port")->required();
+  health_cmd
+      ->add_option("--service", health_service,
+                   "'' (default): is it up; pipemare.v1.Coordinator or pipemare.v1.StageWorker: "
+                   "is it ready")
+      ->capture_default_str();
+  health_cmd->add_option("--timeout", health_timeout, "Seconds to wait for the answer")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -144,6 +161,18 @@ int Main(int argc, char** argv) {
   }
   options.output = output == "json" ? OutputFormat::kJson : OutputFormat::kTable;
   if (*simulate_cmd) return RunSimulate(simulate);
+  if (*health_cmd) {
+    auto serving = CheckServing(health_address, health_service, health_timeout);
+    const std::string what =
+        health_service.empty() ? health_address : health_service + " at " + health_address;
+    if (!serving.ok()) {
+      std::fprintf(stderr, "%s: no answer: %s\n", what.c_str(),
+                   std::string(serving.status().message()).c_str());
+      return kExitFailed;
+    }
+    std::printf("%s: %s\n", what.c_str(), *serving ? "SERVING" : "NOT_SERVING");
+    return *serving ? kExitOk : kExitFailed;
+  }
   if (*dev_ca_cmd) {
     if (!worker_hosts.empty()) {
       dev_ca.workers.clear();

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/health.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
@@ -21,23 +22,30 @@ int main(int argc, char** argv) {
   std::string listen = "0.0.0.0:7070", address_file, state_dir;
   std::string metrics_listen = "0.0.0.0:9460", metrics_address_file, log_format = "text";
   double worker_timeout = 5, heartbeat_interval = 1, stall_timeout = 120;
-  app.add_option("--listen", listen, "address to serve on (port 0 = any free port)");
+  app.add_option("--listen", listen, "address to serve on (port 0 = any free port)")
+      ->envname("PIPEMARE_LISTEN");
   app.add_option("--address-file", address_file,
-                 "write the bound host:port here once serving (for launchers)");
-  app.add_option("--state-dir", state_dir, "keep job records here across restarts");
+                 "write the bound host:port here once serving (for launchers)")
+      ->envname("PIPEMARE_ADDRESS_FILE");
+  app.add_option("--state-dir", state_dir, "keep job records here across restarts")
+      ->envname("PIPEMARE_STATE_DIR");
   std::string checkpoint_dir;
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "checkpoints of jobs whose spec names no checkpoint.dir (default: STATE_DIR/"
                  "checkpoints, or ./pipemare-checkpoints without --state-dir); a directory "
-                 "every worker reaches at the same path");
+                 "every worker reaches at the same path")
+      ->envname("PIPEMARE_CHECKPOINT_DIR");
   app.add_option("--worker-timeout", worker_timeout,
                  "seconds without a heartbeat before a worker is LOST")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->envname("PIPEMARE_WORKER_TIMEOUT");
   app.add_option("--heartbeat-interval", heartbeat_interval, "seconds between worker heartbeats")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->envname("PIPEMARE_HEARTBEAT_INTERVAL");
   app.add_option("--stall-timeout", stall_timeout,
                  "fail a job whose pipeline makes no progress for this many seconds")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->envname("PIPEMARE_STALL_TIMEOUT");
   double drain_timeout = 20;
   app.add_option(
          "--drain-timeout", drain_timeout,
@@ -46,10 +54,17 @@ int main(int argc, char** argv) {
          "a second one")
       ->check(CLI::PositiveNumber);
   app.add_option("--metrics-listen", metrics_listen,
-                 "host:port for Prometheus /metrics (port 0 = any; empty = off)");
+                 "host:port for Prometheus /metrics (port 0 = any; empty = off)")
+      ->envname("PIPEMARE_METRICS_LISTEN");
   app.add_option("--metrics-address-file", metrics_address_file,
-                 "write the bound metrics host:port here once serving (for launchers)");
-  app.add_option("--log-format", log_format, "text or json");
+                 "write the bound metrics host:port here once serving (for launchers)")
+      ->envname("PIPEMARE_METRICS_ADDRESS_FILE");
+  app.add_option("--log-format", log_format, "text or json")->envname("PIPEMARE_LOG_FORMAT");
+  std::string health_listen;
+  app.add_option("--health-listen", health_listen,
+                 "host:port for gRPC health checks (grpc.health.v1.Health, plaintext, for "
+                 "probes: '' live, pipemare.v1.Coordinator ready; port 0 = any; empty = off)")
+      ->envname("PIPEMARE_HEALTH_LISTEN");
   pipemare::SecurityFlags security_flags;
   pipemare::AddSecurityFlags(app, &security_flags, /*client=*/false);
   std::string tokens_file;
@@ -173,6 +188,16 @@ int main(int argc, char** argv) {
     }
     metrics_server = std::move(*m);
   }
+  std::unique_ptr<pipemare::HealthServer> health;
+  if (!health_listen.empty()) {
+    auto h = pipemare::HealthServer::Start(health_listen, pipemare::kCoordinatorServiceName,
+                                           "--health-listen");
+    if (!h.ok()) {
+      pipemare::LogError(absl::StrCat("error: ", h.status().message()));
+      return 2;
+    }
+    health = std::move(*h);
+  }
   int port = 0;
   auto policy = std::make_shared<pipemare::AccessPolicy>(pipemare::CoordinatorAccessRules(),
                                                          std::move(tokens));
@@ -188,7 +213,9 @@ int main(int argc, char** argv) {
   const std::string bound = pipemare::WithPort(listen, port);
   pipemare::LogInfo(absl::StrCat("pipemare-coordinator serving on ", bound,
                                  insecure ? " (plaintext)" : " (TLS)", ", metrics on ",
-                                 metrics_server ? metrics_server->address() : "(off)"));
+                                 metrics_server ? metrics_server->address() : "(off)",
+                                 ", health on ", health ? health->address() : "(off)"));
+  if (health) health->Ready(true);  // the store is loaded and the service serves
   // Written atomically (rename): a reader sees the whole address or nothing.
   auto write_file = [](const std::string& path, const std::string& text) {
     const std::string tmp = path + ".tmp";
@@ -202,6 +229,7 @@ int main(int argc, char** argv) {
   while (!pipemare::WaitForStop(std::chrono::milliseconds(1000))) {
   }
   pipemare::LogInfo("pipemare-coordinator stopping: draining running jobs");
+  if (health) health->Ready(false);
   manager.reset();  // drains running jobs (a cut each), releases their workers
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/health.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
@@ -71,35 +72,51 @@ int main(int argc, char** argv) {
   int threads = 0, workers_per_host = 1;
   std::string virtual_device_flag;
   double lost_after = 10;
-  app.add_option("--coordinator", coordinator, "coordinator address host:port")->required();
-  app.add_option("--listen", listen, "address to serve the StageWorker service on (port 0 = any)");
+  app.add_option("--coordinator", coordinator, "coordinator address host:port")
+      ->required()
+      ->envname("PIPEMARE_COORDINATOR");
+  app.add_option("--listen", listen, "address to serve the StageWorker service on (port 0 = any)")
+      ->envname("PIPEMARE_LISTEN");
   app.add_option("--advertise", advertise,
                  "address other workers and the coordinator use to reach this one "
-                 "(default: the --listen host with the bound port)");
-  app.add_option("--device", device_flag, "cpu, cuda or cuda:N");
+                 "(default: the --listen host with the bound port)")
+      ->envname("PIPEMARE_ADVERTISE");
+  app.add_option("--device", device_flag, "cpu, cuda or cuda:N")->envname("PIPEMARE_DEVICE");
   app.add_option("--threads", threads,
                  "LibTorch intra-op threads (0 = the CPUs available divided by "
                  "--workers-per-host)")
-      ->check(CLI::Range(0, 256));
+      ->check(CLI::Range(0, 256))
+      ->envname("PIPEMARE_THREADS");
   app.add_option("--workers-per-host", workers_per_host,
                  "workers sharing this host's CPUs, for the --threads 0 default")
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(1, 4096))
+      ->envname("PIPEMARE_WORKERS_PER_HOST");
   app.add_option("--virtual-device", virtual_device_flag,
                  "FWD_MS,BWD_MS: benchmark mode; every unit's forward and backward "
                  "compute become a wait of that many milliseconds (messages, shapes and "
-                 "the schedule stay real; values are zeros; weights do not change)");
+                 "the schedule stay real; values are zeros; weights do not change)")
+      ->envname("PIPEMARE_VIRTUAL_DEVICE");
   app.add_option("--coordinator-timeout", lost_after,
                  "seconds without reaching the coordinator before the current stage is dropped")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->envname("PIPEMARE_COORDINATOR_TIMEOUT");
   double drain_timeout = 30;
   app.add_option("--drain-timeout", drain_timeout,
                  "on SIGTERM with a stage loaded, seconds to wait for its job to drain, cut a "
                  "checkpoint and release it before exiting anyway (at most this + 10 s after "
                  "SIGTERM; at once on a second one)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->envname("PIPEMARE_DRAIN_TIMEOUT");
   app.add_option("--metrics-listen", metrics_listen,
-                 "host:port for Prometheus /metrics (port 0 = any; empty = off)");
-  app.add_option("--log-format", log_format, "text or json");
+                 "host:port for Prometheus /metrics (port 0 = any; empty = off)")
+      ->envname("PIPEMARE_METRICS_LISTEN");
+  app.add_option("--log-format", log_format, "text or json")->envname("PIPEMARE_LOG_FORMAT");
+  std::string health_listen;
+  app.add_option("--health-listen", health_listen,
+                 "host:port for gRPC health checks (grpc.health.v1.Health, plaintext, for "
+                 "probes: '' live, pipemare.v1.StageWorker ready = registered with the "
+                 "coordinator; port 0 = any; empty = off)")
+      ->envname("PIPEMARE_HEALTH_LISTEN");
   pipemare::SecurityFlags security_flags;
   pipemare::AddSecurityFlags(app, &security_flags, /*client=*/false);
   CLI11_PARSE(app, argc, argv);
@@ -154,6 +171,19 @@ int main(int argc, char** argv) {
     }
     metrics_server = std::move(*m);
   }
+  std::unique_ptr<pipemare::HealthServer> health;
+  if (!health_listen.empty()) {
+    auto h = pipemare::HealthServer::Start(health_listen, pipemare::kWorkerServiceName,
+                                           "--health-listen");
+    if (!h.ok()) {
+      pipemare::LogError(absl::StrCat("error: ", h.status().message()));
+      return 2;
+    }
+    health = std::move(*h);
+  }
+  auto ready = [&](bool r) {
+    if (health) health->Ready(r);
+  };
   pipemare::WorkerService service(*device, "", &metrics, virtual_device);
   int port = 0;
   auto started =
@@ -201,7 +231,8 @@ int main(int argc, char** argv) {
   pipemare::LogInfo(absl::StrCat("pipemare-worker serving on ", advertise,
                                  insecure ? " (plaintext)" : " (TLS)", " (device ", device_flag,
                                  ", threads ", threads, "), metrics on ",
-                                 metrics_address.empty() ? "(off)" : metrics_address));
+                                 metrics_address.empty() ? "(off)" : metrics_address,
+                                 ", health on ", health ? health->address() : "(off)"));
 
   // Register, then heartbeat; re-register when the coordinator forgets us.
   auto stub = pipemare::v1::Coordinator::NewStub(pipemare::MakeChannel(coordinator));
@@ -233,6 +264,7 @@ int main(int argc, char** argv) {
       grpc::Status st = stub->RegisterWorker(ctx.get(), req, &resp);
       if (st.ok()) {
         worker_id = resp.worker_id();
+        ready(true);
         interval_ms = std::max<int64_t>(100, resp.heartbeat_interval_ms());
         last_contact = std::chrono::steady_clock::now();
         warned = false;
@@ -263,6 +295,7 @@ int main(int argc, char** argv) {
             absl::StrCat("coordinator does not know ", worker_id, "; registering again"));
         service.ReleaseAll("the coordinator no longer knows this worker");
         worker_id.clear();
+        ready(false);
         continue;
       }
     }
@@ -270,6 +303,7 @@ int main(int argc, char** argv) {
         std::chrono::milliseconds(static_cast<int64_t>(lost_after * 1000))) {
       service.ReleaseAll("coordinator unreachable");
       worker_id.clear();
+      ready(false);
       last_contact = std::chrono::steady_clock::now();
     }
     pipemare::WaitForStop(std::chrono::milliseconds(interval_ms));
@@ -304,6 +338,7 @@ int main(int argc, char** argv) {
     }
   }
   pipemare::LogInfo("pipemare-worker stopping");
+  ready(false);
   service.ReleaseAll("worker shutting down");
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
