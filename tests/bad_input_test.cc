@@ -151,28 +151,6 @@ train: {epochs: 1}
   EXPECT_TRUE(cluster.coordinator().Running());
 }
 
-// Loads a one-stage job `job_id` (a tiny MLP) on the worker behind `stub`,
-// so that a test can speak to its feeds with raw messages.
-grpc::Status LoadOneStageJob(v1::StageWorker::Stub& stub, const std::string& job_id) {
-  v1::StageAssignment a;
-  a.set_job_id(job_id);
-  a.set_stage(0);
-  a.set_num_stages(1);
-  a.set_first_unit(0);
-  a.set_units(2);
-  a.mutable_model()->set_type("mlp");
-  for (int w : {4, 3, 2}) a.mutable_model()->add_layers(w);
-  a.mutable_model()->set_activation("relu");
-  a.mutable_optimizer()->set_type("sgd");
-  a.mutable_optimizer()->set_lr(0.1);
-  a.mutable_schedule()->set_type("pipemare");
-  a.mutable_schedule()->set_microbatches_per_step(1);
-  a.set_steps_per_epoch(1);
-  v1::LoadStageResponse resp;
-  auto ctx = ContextWithDeadline(10);
-  return stub.LoadStage(ctx.get(), a, &resp);
-}
-
 TEST(BadInput, WorkerRejectsMalformedTensorsWithoutCrashing) {
   Cluster cluster(1);
   ASSERT_TRUE(cluster.ok());
@@ -182,15 +160,12 @@ TEST(BadInput, WorkerRejectsMalformedTensorsWithoutCrashing) {
   ASSERT_EQ(workers.workers_size(), 1);
   auto stub = v1::StageWorker::NewStub(MakeChannel(workers.workers(0).address()));
   {
-    grpc::Status loaded = LoadOneStageJob(*stub, "raw-job");
+    grpc::Status loaded = LoadTinyMlpStage(*stub, "raw-job");
     ASSERT_TRUE(loaded.ok()) << loaded.error_message();
   }
-  grpc::ClientContext ctx;
-  auto stream = stub->Pipe(&ctx);
-  v1::StageMessage open;
-  open.mutable_open()->set_job_id("raw-job");
-  open.mutable_open()->set_role(v1::StreamOpen::INPUT_FEED);
-  ASSERT_TRUE(stream->Write(open));
+  RawFeed feed(*stub, "raw-job", v1::StreamOpen::INPUT_FEED);
+  ASSERT_TRUE(feed.opened);
+  auto& stream = feed.stream;
   v1::StageMessage bad;
   bad.set_microbatch(1);
   bad.set_phase(v1::TRAIN);
@@ -242,14 +217,10 @@ TEST(BadInput, AFeedThatRepeatsOrFloodsMicrobatchesIsCutOffNamingWhy) {
                              {1, 2, 3, 4, 5},
                              "targets of microbatch 5: more than 4 targets waiting"}}) {
     SCOPED_TRACE(c.job);
-    ASSERT_TRUE(LoadOneStageJob(*stub, c.job).ok());
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    auto stream = stub->Pipe(&ctx);
-    v1::StageMessage open;
-    open.mutable_open()->set_job_id(c.job);
-    open.mutable_open()->set_role(v1::StreamOpen::TARGET_FEED);
-    ASSERT_TRUE(stream->Write(open));
+    ASSERT_TRUE(LoadTinyMlpStage(*stub, c.job).ok());
+    RawFeed feed(*stub, c.job, v1::StreamOpen::TARGET_FEED, 20);
+    ASSERT_TRUE(feed.opened);
+    auto& stream = feed.stream;
     for (uint64_t id : c.ids) stream->Write(targets(id));
     stream->WritesDone();
     grpc::Status st = stream->Finish();

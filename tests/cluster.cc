@@ -4,11 +4,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <iostream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc.h"
 #include "common/security.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -214,6 +216,43 @@ schedule: {type: )",
 train: {epochs: )",
                       epochs, R"(, seed: 3}
 )");
+}
+
+grpc::Status LoadTinyMlpStage(v1::StageWorker::Stub& stub, const std::string& job_id, int stage,
+                              int stages, const std::string& downstream,
+                              const std::string& on_nonfinite) {
+  v1::StageAssignment a;
+  a.set_job_id(job_id);
+  a.set_stage(stage);
+  a.set_num_stages(stages);
+  a.set_first_unit(stages == 1 ? 0 : stage);
+  a.set_units(stages == 1 ? 2 : 1);
+  a.add_input_shape(stage == 0 ? 4 : 3);
+  a.mutable_model()->set_type("mlp");
+  for (int w : {4, 3, 2}) a.mutable_model()->add_layers(w);
+  a.mutable_model()->set_activation("relu");
+  a.mutable_optimizer()->set_type("sgd");
+  a.mutable_optimizer()->set_lr(0.1);
+  a.mutable_schedule()->set_type("pipemare");
+  a.mutable_schedule()->set_microbatches_per_step(1);
+  a.set_steps_per_epoch(8);
+  a.set_total_steps(8);
+  a.set_downstream_address(downstream);
+  a.set_on_nonfinite(on_nonfinite);
+  v1::LoadStageResponse resp;
+  auto ctx = ContextWithDeadline(20);
+  return stub.LoadStage(ctx.get(), a, &resp);
+}
+
+RawFeed::RawFeed(v1::StageWorker::Stub& stub, const std::string& job_id, v1::StreamOpen::Role role,
+                 double seconds) {
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+  stream = stub.Pipe(&ctx);
+  v1::StageMessage open;
+  open.mutable_open()->set_job_id(job_id);
+  open.mutable_open()->set_role(role);
+  opened = stream->Write(open);
 }
 
 double PythonTestAccuracy(const std::string& exported) {

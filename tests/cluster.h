@@ -10,7 +10,7 @@
 
 #include "common/dev_pki.h"
 #include "google/protobuf/util/json_util.h"
-#include "pipemare/v1/pipemare.pb.h"
+#include "pipemare/v1/pipemare.grpc.pb.h"
 #include "tests/process.h"
 
 namespace pipemare::testing {
@@ -89,6 +89,26 @@ bool ParseJson(const std::string& json, M* msg) {
 // examples/export_eval.py, evaluates the job's test split and returns the
 // accuracy it printed; a test failure and -1 when it cannot.
 double PythonTestAccuracy(const std::string& exported);
+
+// Loads stage `stage` of a `stages`-stage MLP [4, 3, 2] (SGD, pipemare, N
+// = 1, 8 steps; one unit per stage when stages = 2, both when 1) on the
+// worker behind `stub` as job `job_id`, sending its activations to
+// `downstream`: a stage a test drives with raw messages.
+grpc::Status LoadTinyMlpStage(v1::StageWorker::Stub& stub, const std::string& job_id, int stage = 0,
+                              int stages = 1, const std::string& downstream = "",
+                              const std::string& on_nonfinite = "fail");
+
+// A raw Pipe stream to a worker as one of the coordinator's feeds (the test
+// process holds the coordinator's certificate), opened with `role` for
+// `job_id` and a deadline `seconds` away; `opened` says whether the open
+// message was written.
+struct RawFeed {
+  RawFeed(v1::StageWorker::Stub& stub, const std::string& job_id, v1::StreamOpen::Role role,
+          double seconds = 30);
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StageMessage, v1::StageMessage>> stream;
+  bool opened = false;
+};
 
 // A short MNIST job spec in YAML (real data, a few hundred steps).
 std::string ShortSpec(const std::string& name, const std::string& schedule, int stages,

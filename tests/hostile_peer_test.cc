@@ -81,34 +81,6 @@ v1::StageMessage FloatTensor(uint64_t id, bool gradient, std::vector<int64_t> sh
   return m;
 }
 
-// Stage `stage` of a P-stage MLP [4, 3, 2] (one unit per stage when P = 2)
-// loaded on the worker behind `stub` under `job_id`.
-grpc::Status LoadMlpStage(v1::StageWorker::Stub& stub, const std::string& job_id, int stage,
-                          int stages, const std::string& downstream,
-                          const std::string& on_nonfinite = "fail") {
-  v1::StageAssignment a;
-  a.set_job_id(job_id);
-  a.set_stage(stage);
-  a.set_num_stages(stages);
-  a.set_first_unit(stages == 1 ? 0 : stage);
-  a.set_units(stages == 1 ? 2 : 1);
-  a.add_input_shape(stage == 0 ? 4 : 3);
-  a.mutable_model()->set_type("mlp");
-  for (int w : {4, 3, 2}) a.mutable_model()->add_layers(w);
-  a.mutable_model()->set_activation("relu");
-  a.mutable_optimizer()->set_type("sgd");
-  a.mutable_optimizer()->set_lr(0.1);
-  a.mutable_schedule()->set_type("pipemare");
-  a.mutable_schedule()->set_microbatches_per_step(1);
-  a.set_steps_per_epoch(8);
-  a.set_total_steps(8);
-  a.set_downstream_address(downstream);
-  a.set_on_nonfinite(on_nonfinite);
-  v1::LoadStageResponse resp;
-  auto ctx = ContextWithDeadline(20);
-  return stub.LoadStage(ctx.get(), a, &resp);
-}
-
 v1::StageStatusResponse StageStatus(v1::StageWorker::Stub& stub, const std::string& job_id) {
   v1::StageStatusRequest req;
   req.set_job_id(job_id);
@@ -133,16 +105,10 @@ v1::StageStatusResponse WaitForStage(
 }
 
 // The test as the coordinator's input feed to stage 0 of `job_id`.
-struct InputFeed {
-  grpc::ClientContext ctx;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StageMessage, v1::StageMessage>> stream;
-  InputFeed(v1::StageWorker::Stub& stub, const std::string& job_id) {
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    stream = stub.Pipe(&ctx);
-    v1::StageMessage open;
-    open.mutable_open()->set_job_id(job_id);
-    open.mutable_open()->set_role(v1::StreamOpen::INPUT_FEED);
-    EXPECT_TRUE(stream->Write(open));
+struct InputFeed : RawFeed {
+  InputFeed(v1::StageWorker::Stub& stub, const std::string& job_id)
+      : RawFeed(stub, job_id, v1::StreamOpen::INPUT_FEED) {
+    EXPECT_TRUE(opened);
   }
 };
 
@@ -204,7 +170,7 @@ TEST(HostilePeer, EveryBadMicrobatchEndsItsStageWithWhyAndAJobAlongsideSucceeds)
                {FloatTensor(5, false, {1, 4}, 0), FloatTensor(4, false, {1, 4}, 0)},
                "activation of microbatch 4 arrived after microbatch 5's"}}) {
     SCOPED_TRACE(c.job);
-    grpc::Status loaded = LoadMlpStage(*stub, c.job, 0, 1, "");
+    grpc::Status loaded = LoadTinyMlpStage(*stub, c.job, 0, 1, "");
     ASSERT_TRUE(loaded.ok()) << loaded.error_message();
     InputFeed feed(*stub, c.job);
     for (const auto& m : c.messages) feed.stream->Write(m);
@@ -265,7 +231,7 @@ TEST(HostilePeer, EveryBadMicrobatchEndsItsStageWithWhyAndAJobAlongsideSucceeds)
         if (m.has_activation()) s->Write(FloatTensor(m.microbatch(), true, {1, 3}, 0.1f));
       }
     });
-    grpc::Status loaded = LoadMlpStage(*stub, c.job, 0, 2, fake_address, c.on_nonfinite);
+    grpc::Status loaded = LoadTinyMlpStage(*stub, c.job, 0, 2, fake_address, c.on_nonfinite);
     ASSERT_TRUE(loaded.ok()) << loaded.error_message();
     InputFeed feed(*stub, c.job);
     feed.stream->Write(FloatTensor(1, false, {1, 4}, 0.5f));
@@ -379,19 +345,15 @@ TEST(HostilePeer, AnOptimizerStepThatThrowsFailsTheStageAndTheWorkerServesOn) {
     ASSERT_TRUE(st.ok()) << st.error_message();
   }
   // Its targets, then one microbatch: forward, backward, the step.
-  grpc::ClientContext tctx;
-  auto targets = stub->Pipe(&tctx);
-  v1::StageMessage open;
-  open.mutable_open()->set_job_id("adam-oom");
-  open.mutable_open()->set_role(v1::StreamOpen::TARGET_FEED);
-  ASSERT_TRUE(targets->Write(open));
+  RawFeed targets(*stub, "adam-oom", v1::StreamOpen::TARGET_FEED);
+  ASSERT_TRUE(targets.opened);
   v1::StageMessage t;
   t.set_microbatch(1);
   t.set_phase(v1::TRAIN);
   t.mutable_targets()->set_dtype(v1::INT64);
   t.mutable_targets()->add_shape(1);
   t.mutable_targets()->set_data(std::string(8, '\0'));
-  ASSERT_TRUE(targets->Write(t));
+  ASSERT_TRUE(targets.stream->Write(t));
   InputFeed feed(*stub, "adam-oom");
   feed.stream->Write(FloatTensor(1, false, {1, kWidth}, 0.01f));
   auto s = WaitForStage(*stub, "adam-oom", [](const auto& s) { return !s.error().empty(); });
@@ -402,7 +364,7 @@ TEST(HostilePeer, AnOptimizerStepThatThrowsFailsTheStageAndTheWorkerServesOn) {
   EXPECT_EQ(s.backwards(), 1) << "the forward and backward fit; the step did not";
   EXPECT_TRUE(cluster.worker(0).Running()) << "the exception stayed inside the stage";
   feed.ctx.TryCancel();
-  tctx.TryCancel();
+  targets.ctx.TryCancel();
   {
     v1::ReleaseStageRequest release;
     release.set_job_id("adam-oom");
