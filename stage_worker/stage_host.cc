@@ -24,12 +24,14 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// Whether every element of `t` is finite, in one pass and without a mask:
-// the float64 sum of floats cannot overflow, and is NaN or Inf exactly when
-// an element is.
+// Whether every element of `t` is finite. One vectorized pass in the
+// common case: a NaN or Inf element makes the sum NaN or Inf, so a finite
+// sum proves them all finite; only a non-finite sum (a bad element, or
+// finite elements that overflow the sum) takes the exact, masked check.
 bool AllFinite(const torch::Tensor& t) {
   if (!t.is_floating_point() || t.numel() == 0) return true;
-  return std::isfinite(t.sum(torch::kDouble).item<double>());
+  if (std::isfinite(t.sum().item<double>())) return true;
+  return torch::isfinite(t).all().item<bool>();
 }
 
 std::string ShapeText(c10::IntArrayRef sizes) { return c10::str(sizes); }
