@@ -28,12 +28,6 @@ struct Freer {
 using X509Ptr = std::unique_ptr<X509, Freer>;
 using KeyPtr = std::unique_ptr<EVP_PKEY, Freer>;
 
-bool IsIpAddress(const std::string& host) {
-  unsigned char buffer[16];
-  return inet_pton(AF_INET, host.c_str(), buffer) == 1 ||
-         inet_pton(AF_INET6, host.c_str(), buffer) == 1;
-}
-
 bool AddExtension(X509* cert, X509* issuer, int nid, const std::string& value) {
   X509V3_CTX ctx;
   X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);

@@ -1,5 +1,6 @@
 #include "common/security.h"
 
+#include <arpa/inet.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -15,6 +16,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -370,6 +372,22 @@ std::string CallerName(const grpc::ServerContext& context) {
   return "anonymous";
 }
 
+bool IsIpAddress(const std::string& host) {
+  unsigned char buffer[16];
+  return inet_pton(AF_INET, host.c_str(), buffer) == 1 ||
+         inet_pton(AF_INET6, host.c_str(), buffer) == 1;
+}
+
+bool CertificateNameCovers(const std::string& name, const std::string& host) {
+  if (absl::EqualsIgnoreCase(name, host)) return true;
+  if (!absl::StartsWith(name, "*.")) return false;
+  const std::string rest = name.substr(2);
+  const size_t dot = host.find('.');
+  if (rest.find('.') == std::string::npos || dot == 0 || dot == std::string::npos) return false;
+  if (IsIpAddress(host)) return false;  // an IP address is never covered by a wildcard
+  return absl::EqualsIgnoreCase(host.substr(dot + 1), rest);
+}
+
 absl::Status CheckCertificateNamesAddress(const grpc::ServerContext& context,
                                           const std::string& address) {
   auto auth = context.auth_context();
@@ -381,7 +399,7 @@ absl::Status CheckCertificateNamesAddress(const grpc::ServerContext& context,
   std::vector<std::string> names;
   for (const auto& name : auth->FindPropertyValues("x509_subject_alternative_name")) {
     names.emplace_back(name.data(), name.size());
-    if (names.back() == host) return absl::OkStatus();
+    if (CertificateNameCovers(names.back(), host)) return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(
       "this worker's certificate names ", names.empty() ? "no hosts" : absl::StrJoin(names, ", "),

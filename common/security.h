@@ -127,10 +127,21 @@ inline constexpr char kCallerProperty[] = "pipemare_caller";
 // plaintext server).
 std::string CallerName(const grpc::ServerContext& context);
 
+// Whether a certificate's subject alternative name `name` covers `host`:
+// equal (DNS names compared without case), or a wildcard `*.rest` that
+// stands for exactly one leftmost DNS label, as TLS clients (and gRPC's own
+// check) read it (RFC 6125 6.4.3); `rest` must hold a dot, so `*.com` covers
+// nothing. One certificate naming `*.pipemare-worker.NS.svc` then serves every
+// replica of a Kubernetes StatefulSet (deploy/k8s).
+bool CertificateNameCovers(const std::string& name, const std::string& host);
+
+// Whether `host` is an IPv4 or IPv6 address (not a DNS name).
+bool IsIpAddress(const std::string& host);
+
 // On a TLS server, OK only if the caller's certificate names the host of
-// `address` ("host:port") among its subject alternative names: a worker
-// may register only an address it holds a certificate for. OK on a
-// plaintext server.
+// `address` ("host:port") among its subject alternative names
+// (CertificateNameCovers): a worker may register only an address it holds a
+// certificate for. OK on a plaintext server.
 absl::Status CheckCertificateNamesAddress(const grpc::ServerContext& context,
                                           const std::string& address);
 

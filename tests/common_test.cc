@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/security.h"
 #include "tests/process.h"
 
 namespace pipemare {
@@ -72,6 +73,21 @@ TEST(FileSd, UnwritablePathIsAnErrorNamingIt) {
   absl::Status st = WriteFileSdTargets("/nonexistent-dir/targets.json", "127.0.0.1:1", {});
   ASSERT_FALSE(st.ok());
   EXPECT_TRUE(absl::StrContains(st.message(), "/nonexistent-dir/targets.json")) << st.message();
+}
+
+TEST(CertificateName, AWildcardCoversExactlyOneLeftmostLabelAndNoIpAddress) {
+  EXPECT_TRUE(CertificateNameCovers("10.0.0.11", "10.0.0.11"));
+  EXPECT_TRUE(CertificateNameCovers("Worker.Example", "worker.example"));
+  const std::string wildcard = "*.pipemare-worker.pipemare.svc";
+  EXPECT_TRUE(CertificateNameCovers(wildcard, "pipemare-worker-0.pipemare-worker.pipemare.svc"));
+  EXPECT_TRUE(CertificateNameCovers(wildcard, "pipemare-worker-12.PIPEMARE-WORKER.pipemare.svc"));
+  EXPECT_FALSE(CertificateNameCovers(wildcard, "pipemare-worker.pipemare.svc"));
+  EXPECT_FALSE(CertificateNameCovers(wildcard, "a.b.pipemare-worker.pipemare.svc"));
+  EXPECT_FALSE(CertificateNameCovers(wildcard, ".pipemare-worker.pipemare.svc"));
+  EXPECT_FALSE(CertificateNameCovers(wildcard, "pipemare-worker-0.pipemare-worker.other.svc"));
+  EXPECT_FALSE(CertificateNameCovers("*.com", "example.com"));
+  EXPECT_FALSE(CertificateNameCovers("*.0.0.11", "10.0.0.11"));
+  EXPECT_FALSE(CertificateNameCovers("worker.example", "evil-worker.example"));
 }
 
 }  // namespace
