@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
          "on SIGTERM, seconds each running job may take to drain and commit a "
          "checkpoint; the coordinator exits at most this + 10 s after SIGTERM, and at once on "
          "a second one")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->envname("PIPEMARE_DRAIN_TIMEOUT");
   app.add_option("--metrics-listen", metrics_listen,
                  "host:port for Prometheus /metrics (port 0 = any; empty = off)")
       ->envname("PIPEMARE_METRICS_LISTEN");
@@ -75,7 +76,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> data_roots;
   app.add_option("--data-root", data_roots,
                  "a directory jobs may read data and TorchScript models from and keep "
-                 "checkpoints in (repeat for more; symlinks are followed before the check). "
+                 "checkpoints in (repeat, or separate with commas, for more; symlinks are followed "
+                 "before the check). "
                  "Unset: any file this host can read (trusted users only)")
       ->envname("PIPEMARE_DATA_ROOT")
       ->delimiter(',');
