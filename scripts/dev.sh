@@ -22,14 +22,19 @@ jobs=${JOBS:-$(nproc)}
 # pipeline/data_test.cc. python3-torch and python3-numpy load exported models
 # in plain PyTorch (examples/export_eval.py, tests/checkpoint_test.cc).
 # libsqlite3-dev holds the coordinator's state (--state-dir/state.db);
-# sqlite3 is its shell, for reading that file by hand.
+# sqlite3 is its shell, for reading that file by hand. podman (with runc,
+# catatonit, the CNI plugins and dnsname), debootstrap and docker-compose
+# build and run the images for real (scripts/containers.sh, ctest label
+# containers); yamllint checks deploy/.
 packages=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtorch-dev libopenblas0-openmp prometheus-cpp-dev libgtest-dev libgmock-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev
   libcpp-httplib-dev zlib1g-dev libsqlite3-dev sqlite3
   prometheus dataset-fashion-mnist fortunes python3-torch python3-numpy
-  clang libclang-rt-14-dev)
+  clang libclang-rt-14-dev
+  podman runc catatonit debootstrap docker-compose containernetworking-plugins
+  golang-github-containernetworking-plugin-dnsname iptables curl yamllint)
 
 deps() {
   local missing=()
