@@ -651,6 +651,18 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (s.has_discrepancy_decay() && s.discrepancy_decay() >= 1) {
     return Bad("schedule.discrepancy_decay", "must be in [0, 1) (negative = T2 off)");
   }
+  if (s.spike_compensation()) {
+    const v1::OptimizerSpec& o = spec.optimizer();
+    if (!o.type().empty() && o.type() != "sgd") {
+      return Bad("schedule.spike_compensation",
+                 absl::StrCat("applies to optimizer.type sgd (momentum's velocity); '", o.type(),
+                              "' has none: set it false"));
+    }
+    if (o.nesterov()) {
+      return Bad("schedule.spike_compensation",
+                 "is defined for plain momentum: set optimizer.nesterov false or this false");
+    }
+  }
   if (!s.wire_dtype().empty() && s.wire_dtype() != "float32" && s.wire_dtype() != "float16" &&
       s.wire_dtype() != "bfloat16") {
     return Bad("schedule.wire_dtype", absl::StrCat("'", s.wire_dtype(),

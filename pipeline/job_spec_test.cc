@@ -641,6 +641,30 @@ TEST(JobSpecValidateTest, EpochsRange) {
                 "train.epochs", "1..100000");
 }
 
+TEST(JobSpecValidateTest, SpikeCompensationNeedsPlainSgdAndReachesEveryStage) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_spike_compensation(true);
+                  s.mutable_optimizer()->set_type("adam");
+                  s.mutable_optimizer()->set_momentum(0);
+                }),
+                "schedule.spike_compensation", "'adam' has none");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_spike_compensation(true);
+                  s.mutable_optimizer()->set_type("sgd");
+                  s.mutable_optimizer()->set_momentum(0.9);
+                  s.mutable_optimizer()->set_nesterov(true);
+                }),
+                "schedule.spike_compensation", "nesterov");
+  auto spec = ParseJobSpec(
+      "name: n\nmodel: {type: mlp, layers: [4, 3, 2]}\ndata: {type: mnist, path: d}\n"
+      "optimizer: {lr: 0.1, momentum: 0.9}\n"
+      "schedule: {type: pipemare, stages: 2, spike_compensation: true}\ntrain: {epochs: 1}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto stages = ResolveStageAssignments(*spec, "j", 4, nullptr);
+  ASSERT_TRUE(stages.ok()) << stages.status();
+  for (const auto& a : *stages) EXPECT_TRUE(a.schedule().spike_compensation());
+}
+
 TEST(JobSpecValidateTest, OnNonFiniteIsFailOrSkipAndReachesEveryStage) {
   ExpectInvalid(
       ValidateMutated([](v1::JobSpec& s) { s.mutable_train()->set_on_nonfinite("ignore"); }),

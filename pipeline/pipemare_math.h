@@ -54,6 +54,39 @@ T T2BackwardWeights(const T& w_t, const T& delta_t, int tau) {
   return w_t - static_cast<double>(tau) * delta_t;
 }
 
+// Beyond the paper: corrections for optimizers with state, which PipeMare's
+// T1 and T2 (derived for plain SGD) leave open (docs/algorithm.md).
+
+// Spike compensation (Kosson et al., "Pipelined Backpropagation at Scale",
+// MLSys 2021, arXiv 2003.11666): with momentum m, an undelayed gradient g
+// moves the weights by α·m^k·g at the k-th step after it, α·g/(1 − m) in
+// all. Arriving τ steps late it has missed the first τ of those terms; the
+// compensated update
+//   v ← m·v + g,   w ← w − α·(a·v + b·g),   a = m^τ,   b = (1 − m^τ)/(1 − m)
+// applies what was missed at once (the spike b·g) and scales the velocity's
+// later contributions to α·m^(τ+k)·g, the undelayed ones: in all
+// α·g·(b + a/(1 − m)) = α·g/(1 − m). τ = 0 gives a = 1, b = 0 (plain
+// momentum, the default below); m = 0 gives a = 0, b = 1 (plain SGD).
+struct SpikeCoefficients {
+  double a = 1;
+  double b = 0;
+};
+inline SpikeCoefficients SpikeCompensation(double m, int tau) {
+  SpikeCoefficients c;
+  c.a = std::pow(m, static_cast<double>(std::max(tau, 0)));
+  // (1 − m^τ)/(1 − m) = 1 + m + … + m^(τ−1), summed so that m = 1 is exact.
+  c.b = 0;
+  double power = 1;
+  for (int k = 0; k < tau; ++k, power *= m) c.b += power;
+  return c;
+}
+
+// The compensated update direction a·v + b·g.
+template <typename T>
+T SpikeCompensatedDirection(const T& v, const T& g, const SpikeCoefficients& c) {
+  return c.a * v + c.b * g;
+}
+
 }  // namespace pipemare
 
 #endif  // PIPEMARE_PIPELINE_PIPEMARE_MATH_H_

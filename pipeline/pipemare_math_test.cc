@@ -74,5 +74,24 @@ TEST(T2BackwardWeightsTest, HandComputed) {
   EXPECT_NEAR(T2BackwardWeights(-2.0, -0.5, 2), -1.0, kTol);
 }
 
+TEST(SpikeCompensationTest, CoefficientsAndTheUndelayedTotal) {
+  const SpikeCoefficients c = SpikeCompensation(0.9, 3);
+  EXPECT_NEAR(c.a, 0.729, kTol);
+  EXPECT_NEAR(c.b, (1 - 0.729) / (1 - 0.9), kTol);
+  // A gradient's total effect, b + a/(1 − m), is the undelayed 1/(1 − m).
+  for (double m : {0.0, 0.5, 0.9, 0.99}) {
+    for (int tau : {0, 1, 2, 7}) {
+      const SpikeCoefficients s = SpikeCompensation(m, tau);
+      EXPECT_NEAR(s.b + s.a / (1 - m), 1 / (1 - m), 1e-9) << "m " << m << " tau " << tau;
+    }
+  }
+  EXPECT_NEAR(SpikeCompensation(0.9, 0).a, 1, kTol);  // no delay: plain momentum
+  EXPECT_NEAR(SpikeCompensation(0.9, 0).b, 0, kTol);
+  EXPECT_NEAR(SpikeCompensation(0.0, 4).a, 0, kTol);  // no momentum: plain SGD
+  EXPECT_NEAR(SpikeCompensation(0.0, 4).b, 1, kTol);
+  EXPECT_NEAR(SpikeCompensation(1.0, 4).b, 4, kTol);  // the limit m → 1: τ
+  EXPECT_NEAR(SpikeCompensatedDirection(2.0, 1.0, c), 0.729 * 2 + 2.71, kTol);
+}
+
 }  // namespace
 }  // namespace pipemare

@@ -155,6 +155,9 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       t2_enabled_(kind == ScheduleKind::kPipeMare && a.schedule().has_discrepancy_decay() &&
                   a.schedule().discrepancy_decay() >= 0 && tau_ >= 1),
       t2_gamma_(T2Gamma(a.schedule().discrepancy_decay(), tau_)),
+      spike_enabled_(a.schedule().spike_compensation() && tau_ > 0 &&
+                     (a.optimizer().type().empty() || a.optimizer().type() == "sgd")),
+      spike_(SpikeCompensation(a.optimizer().momentum(), tau_)),
       stashing_(kind == ScheduleKind::kPipeDream && tau_ > 0),
       device_(device),
       first_unit_(a.first_unit()),
@@ -483,6 +486,24 @@ torch::Tensor StageRuntime::Recompute(const torch::Tensor& x, const torch::Tenso
   return out;
 }
 
+namespace {
+
+// The optimizer's key for parameter `p`: a string in LibTorch 1.x, the
+// TensorImpl's address in 2.x.
+template <typename Map>
+typename Map::key_type OptimizerStateKey(const Map&, const torch::Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+}  // namespace
+
 absl::Status StageRuntime::Step() {
   if (backwards_since_step_ != microbatches_per_step_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -506,8 +527,9 @@ absl::Status StageRuntime::Step() {
   // computed, and nothing else.
   double grad_norm = 0;
   if (!virtual_.enabled) {
+    // Spike compensation from the switch on, like T1 (no delay before it).
     absl::Status st = Guard(absl::StrCat("stage ", stage_, " optimizer step").c_str(),
-                            [&] { grad_norm = ApplyGradients(); });
+                            [&] { grad_norm = ApplyGradients(lr, spike_enabled_ && !warmup); });
     if (!st.ok()) return st;
   }
   std::lock_guard<std::mutex> lock(stats_mu_);
@@ -528,7 +550,7 @@ absl::Status StageRuntime::Step() {
   return absl::OkStatus();
 }
 
-double StageRuntime::ApplyGradients() {
+double StageRuntime::ApplyGradients(double lr, bool compensate) {
   auto params = module_->parameters();
   double grad_norm = 0;
   if (grad_clip_norm_ > 0) grad_norm = torch::nn::utils::clip_grad_norm_(params, grad_clip_norm_);
@@ -536,8 +558,39 @@ double StageRuntime::ApplyGradients() {
   if (t2_enabled_) {
     for (const auto& p : params) w_t.push_back(p.detach().clone());
   }
+  // Spike compensation: g as the optimizer takes it (weight decay added),
+  // before the step moves w.
+  std::vector<torch::Tensor> g;
+  const double weight_decay =
+      compensate ? static_cast<torch::optim::SGDOptions&>(optimizer_->param_groups()[0].options())
+                       .weight_decay()
+                 : 0;
+  if (compensate) {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : params) {
+      g.push_back(p.grad().defined() ? p.grad().detach() + weight_decay * p.detach()
+                                     : torch::Tensor());
+    }
+  }
   optimizer_->step();
   optimizer_->zero_grad();
+  if (compensate) {
+    // The optimizer moved w by −α·v; the compensated update is
+    // −α·(a·v + b·g): add −α·((a − 1)·v + b·g).
+    torch::NoGradGuard no_grad;
+    auto& state = optimizer_->state();
+    for (size_t j = 0; j < params.size(); ++j) {
+      if (!g[j].defined()) continue;
+      auto it = state.find(OptimizerStateKey(state, params[j]));
+      torch::Tensor v = g[j];  // momentum 0: no buffer, v = g
+      if (it != state.end()) {
+        const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(it->second.get());
+        if (sgd != nullptr && sgd->momentum_buffer().defined()) v = sgd->momentum_buffer();
+      }
+      torch::Tensor w = params[j].detach();
+      w.sub_(SpikeCompensatedDirection(v, g[j], spike_) - v, lr);
+    }
+  }
   if (t2_enabled_) {
     torch::NoGradGuard no_grad;
     double sq = 0;
@@ -562,24 +615,6 @@ torch::Tensor StageRuntime::VirtualBackward(const Saved& saved) {
   }
   return zeros->second;
 }
-
-namespace {
-
-// The optimizer's key for parameter `p`: a string in LibTorch 1.x, the
-// TensorImpl's address in 2.x.
-template <typename Map>
-typename Map::key_type OptimizerStateKey(const Map&, const torch::Tensor& p) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;
-    key << p.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return static_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
-
-}  // namespace
 
 StageSnapshot StageRuntime::Snapshot() const {
   torch::NoGradGuard no_grad;

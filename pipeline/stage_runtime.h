@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "pipeline/checkpoint_units.h"
 #include "pipeline/lr_schedule.h"
+#include "pipeline/pipemare_math.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
@@ -217,9 +218,10 @@ class StageRuntime {
   const std::vector<torch::Tensor>* StashedWeights(const Saved& saved) const;
   bool CorrectsDiscrepancy() const;
   // Step's update of the weights from the accumulated gradients: clipping,
-  // the optimizer, T2's velocity. Returns the gradient norm before clipping
+  // the optimizer at rate `lr` (spike compensation after it, when
+  // `compensate`), T2's velocity. Returns the gradient norm before clipping
   // (0 without clipping).
-  double ApplyGradients();
+  double ApplyGradients(double lr, bool compensate);
   // The virtual device's backward: the wait, and a shared zero input
   // gradient (undefined on the first stage).
   torch::Tensor VirtualBackward(const Saved& saved);
@@ -235,6 +237,9 @@ class StageRuntime {
   const int64_t warmup_steps_;     // T3's W; 0 = off
   const bool t2_enabled_;
   const double t2_gamma_;
+  // schedule.spike_compensation on a stage with τ_i > 0 (sgd), and its a, b.
+  const bool spike_enabled_;
+  const SpikeCoefficients spike_;
   // pipedream with τ_i > 0 (the last stage's backward follows its forward
   // before any update, so it needs no stash).
   const bool stashing_;

@@ -258,6 +258,49 @@ TEST(StageRuntimePipeMareTest, T1ScalesTheFirstStepsByTau) {
   EXPECT_NEAR(rt->Stats().learning_rate, T1LearningRate(0.1, 1, 100, 3), 1e-15);
 }
 
+// Spike compensation: each step moves w by −α·(a·v + b·g) with v ← m·v + g,
+// a = m^τ, b = (1 − m^τ)/(1 − m); τ = 3 on stage 0 of 4. The test keeps its
+// own v from the gradients it reads before each step. Off, the same
+// sequence is plain momentum (−α·v), so the check tells the two apart.
+TEST(StageRuntimePipeMareTest, SpikeCompensationAppliesAVPlusBG) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
+  for (const bool on : {true, false}) {
+    SCOPED_TRACE(on ? "spike compensation on" : "off");
+    v1::StageAssignment a = Assignment("pipemare", 0, 4, 0, 1, model);
+    a.mutable_optimizer()->set_momentum(0.9);
+    a.mutable_optimizer()->set_weight_decay(0.01);
+    a.mutable_schedule()->set_spike_compensation(on);
+    auto rt = MustCreate(a);
+    ASSERT_NE(rt, nullptr);
+    const SpikeCoefficients c = on ? SpikeCompensation(0.9, 3) : SpikeCoefficients{};
+    if (on) {
+      EXPECT_NEAR(c.a, 0.729, 1e-12);
+      EXPECT_NEAR(c.b, 1 + 0.9 + 0.81, 1e-12);
+    }
+    std::vector<torch::Tensor> v;
+    for (uint64_t mb = 1; mb <= 3; ++mb) {
+      const torch::Tensor x = Inputs(30 + mb);
+      torch::manual_seed(40 + mb);
+      ASSERT_TRUE(rt->Forward(mb, x, true).ok());
+      ASSERT_TRUE(rt->Backward(mb, torch::randn({kBatch, 3})).ok());
+      std::vector<torch::Tensor> w_old, expected;
+      std::vector<torch::Tensor> params = rt->Parameters();
+      for (size_t j = 0; j < params.size(); ++j) {
+        const torch::Tensor w = params[j].detach().clone();
+        const torch::Tensor g = params[j].grad().detach() + 0.01 * w;
+        if (v.size() <= j) {
+          v.push_back(g.clone());
+        } else {
+          v[j] = 0.9 * v[j] + g;
+        }
+        expected.push_back(w - 0.1 * SpikeCompensatedDirection(v[j], g, c));
+      }
+      ASSERT_TRUE(rt->Step().ok());
+      ExpectAllClose(rt->Parameters(), expected, 1e-5, 1e-7);
+    }
+  }
+}
+
 TEST(StageRuntimePipeMareTest, AnalyticDelayPerStage) {
   const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
   const int expected_n1[] = {3, 2, 1, 0};
