@@ -4,8 +4,10 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/format.h"
+#include "pipeline/pipemare_math.h"
 #include "pipeline/schedule.h"
 
 namespace pipemare::client {
@@ -46,6 +48,29 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
                   Format("%.1f%%", 100 * st.utilization)});
   }
   absl::StrAppend(&out, table.Render());
+  if (s.type() != "gpipe") {
+    // schedule.microbatches_per_step trades delay against update frequency:
+    // τ_i = ceil((P-1-i)/N), and an epoch has 1/N as many steps.
+    absl::StrAppend(&out, "\nTAU by N (delay in steps; an epoch has 1/N as many steps):");
+    for (int n : {1, 2, 4, 8, 16}) {
+      if (n > 1 && n / 2 >= P) break;
+      std::vector<std::string> taus;
+      for (int i = 0; i < P; ++i) taus.push_back(Format("%d", AnalyticDelay(P, i, n)));
+      absl::StrAppend(&out, "\n  N=", n, ": ", absl::StrJoin(taus, " "),
+                      n == N ? "  (this spec)" : "");
+    }
+    absl::StrAppend(&out, "\n");
+    if (s.spike_compensation()) {
+      const double m = spec.optimizer().momentum();
+      std::vector<std::string> coefficients;
+      for (int i = 0; i < P; ++i) {
+        const SpikeCoefficients c = SpikeCompensation(m, AnalyticDelay(P, i, N));
+        coefficients.push_back(Format("%d: a=%.3g b=%.3g", i, c.a, c.b));
+      }
+      absl::StrAppend(&out, "spike compensation (momentum ", Format("%.3g", m),
+                      ", w -= lr*(a*v + b*g)): ", absl::StrJoin(coefficients, ", "), "\n");
+    }
+  }
   absl::StrAppend(
       &out,
       Format("\npredicted mean utilization %.1f%%; gpipe on the same pipeline %.1f%% "

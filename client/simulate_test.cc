@@ -26,6 +26,24 @@ TEST(RenderSimulation, PrintsThePlanDelaysAndUtilizationAgainstGPipe) {
   EXPECT_TRUE(absl::StrContains(*out, "throughput")) << *out;
 }
 
+TEST(RenderSimulation, ShowsTauForEachNAndTheSpikeCoefficients) {
+  SimulateOptions o;
+  o.steps = 4;
+  v1::JobSpec spec = Spec("pipemare", 8, 2);
+  spec.mutable_optimizer()->set_momentum(0.9);
+  spec.mutable_schedule()->set_spike_compensation(true);
+  auto out = RenderSimulation(spec, o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(absl::StrContains(*out, "N=1: 7 6 5 4 3 2 1 0\n")) << *out;
+  EXPECT_TRUE(absl::StrContains(*out, "N=2: 4 3 3 2 2 1 1 0  (this spec)")) << *out;
+  EXPECT_TRUE(absl::StrContains(*out, "N=8: 1 1 1 1 1 1 1 0")) << *out;
+  EXPECT_TRUE(absl::StrContains(*out, "0: a=0.656 b=3.44")) << *out;  // 0.9^4, (1-0.9^4)/0.1
+  EXPECT_TRUE(absl::StrContains(*out, "7: a=1 b=0")) << *out;
+  auto gpipe = RenderSimulation(Spec("gpipe", 8, 2), o);
+  ASSERT_TRUE(gpipe.ok());
+  EXPECT_FALSE(absl::StrContains(*gpipe, "TAU by N")) << *gpipe;
+}
+
 TEST(RenderSimulation, GPipeMatchesItsFormula) {
   SimulateOptions o;
   o.steps = 10;
