@@ -11,6 +11,8 @@
 # (T3: that many synchronous epochs first; the asynchronous schedules only,
 # and runs are then named with a "-wN" suffix).
 # "momentum" is SGD with momentum 0.9; "plain" is SGD without momentum.
+# A schedule written SCHEDULE.sc (e.g. pipemare.sc) runs SCHEDULE with
+# schedule.spike_compensation: true.
 #
 # For each run it writes OUT_DIR/NAME.status.json (the final job status),
 # OUT_DIR/NAME.curve (step and training loss, polled from the job while it
@@ -50,6 +52,8 @@ for p in $PS; do
       for schedule in $SCHEDULES; do
         name="p${p}-n${n}-${opt}-${schedule}"
         warmup=""
+        type=${schedule%%.*}
+        [ "$type" != "$schedule" ] && [ "${schedule#*.}" = sc ] && warmup=", spike_compensation: true"
         if [ "$WARMUP_EPOCHS" != 0 ] && [ "$schedule" != gpipe ]; then
           warmup=", warmup_epochs: $WARMUP_EPOCHS"
           name="$name-w$WARMUP_EPOCHS"
@@ -59,7 +63,7 @@ name: $name
 model: {type: mlp, layers: $(mlp_layers "$p" "$WIDTH"), activation: relu, init: he}
 data: {type: mnist, path: data/mnist, train_limit: $TRAIN_LIMIT, test_limit: $TEST_LIMIT}
 optimizer: $optimizer
-schedule: {type: $schedule, stages: $p, microbatch_size: 64, microbatches_per_step: $n,
+schedule: {type: $type, stages: $p, microbatch_size: 64, microbatches_per_step: $n,
            lr_anneal_epochs: 1, discrepancy_decay: 0.1$warmup}
 train: {epochs: $EPOCHS, seed: 1}
 EOF

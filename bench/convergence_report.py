@@ -19,7 +19,7 @@ out = sys.argv[1] if len(sys.argv) > 1 else "out/convergence"
 rows = []
 for path in sorted(glob.glob(os.path.join(out, "*.status.json"))):
     name = os.path.basename(path)[: -len(".status.json")]
-    p, n, opt, schedule = re.match(r"p(\d+)-n(\d+)-(\w+)-(\w+)", name).groups()
+    p, n, opt, schedule = re.match(r"p(\d+)-n(\d+)-(\w+)-([\w.]+)", name).groups()
     s = json.load(open(path))
     m = s.get("metrics", {})
     epochs = s.get("epochs", [])
