@@ -32,13 +32,18 @@ namespace {
 //     pipemare:               T2's u_bkwd = w - τ_i δ (the current w and δ)
 //   after every N-th microbatch each stage steps: SGD with the base schedule,
 //   times T1's τ_i^-(1 - min((k - W)/K, 1)) after the warm-up (pipemare);
-//   then T2's δ follows the change of the weights.
+//   then T2's δ follows the change of the weights. With
+//   schedule.spike_compensation the replay steps by hand instead:
+//   g = the summed gradient + weight decay · w, v ← m·v + g (v = g at the
+//   first step), w ← w − α·(a·v + b·g) with a, b = SpikeCompensation(m, τ_i)
+//   after the warm-up (a = 1, b = 0 before it: plain momentum).
 struct ReplayStage {
   torch::nn::Sequential module;
   std::unique_ptr<torch::optim::SGD> sgd;
   std::vector<std::vector<torch::Tensor>> versions;  // weights after 0, 1, ... steps
   std::vector<torch::Tensor> velocity;               // T2's δ
   std::vector<torch::Tensor> grad_sum;               // this step's accumulated gradient
+  std::vector<torch::Tensor> momentum;               // v, when stepping by hand
   int tau = 0;
 };
 
@@ -59,6 +64,7 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
   const int64_t W = async ? s.warmup_steps() : 0;
   const int64_t K = type == "pipemare" ? s.lr_anneal_steps() : 0;
   const bool t2 = type == "pipemare" && s.has_discrepancy_decay() && s.discrepancy_decay() >= 0;
+  const bool spike = async && s.spike_compensation();
   const LrSchedule alpha = LrScheduleFromSpec(spec.optimizer(), steps * spec.train().epochs());
   auto ranges = *PartitionUniform(static_cast<int>(spec.model().layers_size()) - 1, P);
 
@@ -133,7 +139,23 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
         params[j].mutable_grad() = st.grad_sum[j].clone();
         st.grad_sum[j].zero_();
       }
-      st.sgd->step();
+      if (spike) {
+        const double m_ = spec.optimizer().momentum();
+        const SpikeCoefficients c = k < W ? SpikeCoefficients{} : SpikeCompensation(m_, st.tau);
+        torch::NoGradGuard no_grad;
+        for (size_t j = 0; j < params.size(); ++j) {
+          const torch::Tensor g =
+              params[j].grad() + spec.optimizer().weight_decay() * params[j].detach();
+          if (st.momentum.size() <= j) {
+            st.momentum.push_back(g.clone());
+          } else {
+            st.momentum[j] = m_ * st.momentum[j] + g;
+          }
+          params[j].sub_(lr * SpikeCompensatedDirection(st.momentum[j], g, c));
+        }
+      } else {
+        st.sgd->step();
+      }
       std::vector<torch::Tensor> w;
       for (size_t j = 0; j < params.size(); ++j) {
         w.push_back(params[j].detach().clone());
@@ -280,6 +302,22 @@ TEST(ExactnessTest, AsyncAndPipeMareEqualTheirReplays) {
       ExpectHarnessEqualsReplay(Spec(type, 5, N));
     }
   }
+}
+
+TEST(ExactnessTest, SpikeCompensationEqualsItsReplayOnEveryAsynchronousSchedule) {
+  for (const char* type : {"async", "pipedream", "pipemare"}) {
+    for (int N : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << type << " N=" << N);
+      v1::JobSpec spec = Spec(type, 5, N);
+      spec.mutable_schedule()->set_spike_compensation(true);
+      spec.mutable_optimizer()->set_weight_decay(0.01);
+      ExpectHarnessEqualsReplay(spec);
+    }
+  }
+  v1::JobSpec warm = Spec("pipemare", 5, 1);
+  warm.mutable_schedule()->set_spike_compensation(true);
+  warm.mutable_schedule()->set_warmup_steps(4);
+  ExpectHarnessEqualsReplay(warm);
 }
 
 TEST(ExactnessTest, PipeMareWithWarmupEqualsItsReplay) {
