@@ -651,6 +651,21 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (s.has_discrepancy_decay() && s.discrepancy_decay() >= 1) {
     return Bad("schedule.discrepancy_decay", "must be in [0, 1) (negative = T2 off)");
   }
+  if (s.weight_prediction()) {
+    const v1::OptimizerSpec& o = spec.optimizer();
+    const bool sgd = o.type().empty() || o.type() == "sgd";
+    if (sgd && o.momentum() <= 0) {
+      return Bad("schedule.weight_prediction",
+                 "predicts from the optimizer's direction: sgd needs optimizer.momentum > 0 "
+                 "(or use adam/adamw)");
+    }
+    if (s.type() == "pipemare" && s.has_discrepancy_decay() && s.discrepancy_decay() >= 0) {
+      return Bad("schedule.weight_prediction",
+                 "and T2 (schedule.discrepancy_decay) pull in opposite directions: prediction "
+                 "moves the forward's weights to the backward's, T2 the backward's back to the "
+                 "forward's; unset discrepancy_decay or set this false");
+    }
+  }
   if (s.spike_compensation()) {
     const v1::OptimizerSpec& o = spec.optimizer();
     if (!o.type().empty() && o.type() != "sgd") {

@@ -641,6 +641,28 @@ TEST(JobSpecValidateTest, EpochsRange) {
                 "train.epochs", "1..100000");
 }
 
+TEST(JobSpecValidateTest, WeightPredictionNeedsADirectionAndRefusesT2) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_weight_prediction(true);
+                  s.mutable_optimizer()->set_type("sgd");
+                  s.mutable_optimizer()->set_momentum(0);
+                }),
+                "schedule.weight_prediction", "momentum > 0");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_weight_prediction(true);
+                  s.mutable_schedule()->set_type("pipemare");
+                  s.mutable_schedule()->set_discrepancy_decay(0.1);
+                  s.mutable_optimizer()->set_momentum(0.9);
+                }),
+                "schedule.weight_prediction", "unset discrepancy_decay");
+  EXPECT_TRUE(ValidateMutated([](v1::JobSpec& s) {
+                s.mutable_schedule()->set_weight_prediction(true);
+                s.mutable_schedule()->set_type("async");
+                s.mutable_optimizer()->set_type("adam");
+                s.mutable_optimizer()->set_momentum(0);
+              }).ok());
+}
+
 TEST(JobSpecValidateTest, SpikeCompensationNeedsPlainSgdAndReachesEveryStage) {
   ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
                   s.mutable_schedule()->set_spike_compensation(true);

@@ -81,6 +81,28 @@ inline SpikeCoefficients SpikeCompensation(double m, int tau) {
   return c;
 }
 
+// Linear weight prediction (Kosson et al. 2021, §4.2; for Adam as in XPipe,
+// Guan et al. 2019): a forward whose backward comes τ steps later runs at
+//   ŵ = w − τ·α·d
+// where d is the optimizer's current update direction: the momentum buffer v
+// for SGD, m̂/(√v̂ + ε) for Adam (AdamDirection). If the next τ steps move w as
+// the last one did, the backward then differentiates at about the weights
+// its forward used, which is what T2 approximates from the other side.
+template <typename T>
+T PredictedWeights(const T& w, const T& d, double alpha, int tau) {
+  return w - (static_cast<double>(tau) * alpha) * d;
+}
+
+// Adam's update direction after `step` steps from its moments m and v:
+//   m̂/(√v̂ + ε), m̂ = m/(1 − β1^step), v̂ = v/(1 − β2^step).
+template <typename T>
+T AdamDirection(const T& m, const T& v, int64_t step, double beta1, double beta2, double eps) {
+  using std::sqrt;  // and at::sqrt for tensors, by argument-dependent lookup
+  const double c1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double c2 = 1 - std::pow(beta2, static_cast<double>(step));
+  return (m / c1) / (sqrt(v / c2) + eps);
+}
+
 // The compensated update direction a·v + b·g.
 template <typename T>
 T SpikeCompensatedDirection(const T& v, const T& g, const SpikeCoefficients& c) {

@@ -36,14 +36,20 @@ namespace {
 //   schedule.spike_compensation the replay steps by hand instead:
 //   g = the summed gradient + weight decay · w, v ← m·v + g (v = g at the
 //   first step), w ← w − α·(a·v + b·g) with a, b = SpikeCompensation(m, τ_i)
-//   after the warm-up (a = 1, b = 0 before it: plain momentum).
+//   after the warm-up (a = 1, b = 0 before it: plain momentum). With
+//   schedule.weight_prediction (steps by hand too) a 1F1B forward at version
+//   t ≥ 1 runs at ŵ = w_t − τ_i·α_t·v_t instead: v_t the momentum after t
+//   steps, α_t the rate of the step that made version t; pipedream's
+//   backward then differentiates at that ŵ (the weights its forward used).
 struct ReplayStage {
   torch::nn::Sequential module;
   std::unique_ptr<torch::optim::SGD> sgd;
-  std::vector<std::vector<torch::Tensor>> versions;  // weights after 0, 1, ... steps
-  std::vector<torch::Tensor> velocity;               // T2's δ
-  std::vector<torch::Tensor> grad_sum;               // this step's accumulated gradient
-  std::vector<torch::Tensor> momentum;               // v, when stepping by hand
+  std::vector<std::vector<torch::Tensor>> versions;           // weights after 0, 1, ... steps
+  std::vector<torch::Tensor> velocity;                        // T2's δ
+  std::vector<torch::Tensor> grad_sum;                        // this step's accumulated gradient
+  std::vector<torch::Tensor> momentum;                        // v, when stepping by hand
+  std::vector<std::vector<torch::Tensor>> momentum_versions;  // v after 0, 1, ... steps
+  std::vector<double> lr_versions;                            // α of the step that made each
   int tau = 0;
 };
 
@@ -65,6 +71,8 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
   const int64_t K = type == "pipemare" ? s.lr_anneal_steps() : 0;
   const bool t2 = type == "pipemare" && s.has_discrepancy_decay() && s.discrepancy_decay() >= 0;
   const bool spike = async && s.spike_compensation();
+  const bool predict = async && s.weight_prediction();
+  const bool by_hand = spike || predict;
   const LrSchedule alpha = LrScheduleFromSpec(spec.optimizer(), steps * spec.train().epochs());
   auto ranges = *PartitionUniform(static_cast<int>(spec.model().layers_size()) - 1, P);
 
@@ -87,6 +95,8 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
       st.grad_sum.push_back(torch::zeros_like(p));
     }
     st.versions.push_back(w0);
+    st.momentum_versions.emplace_back();
+    st.lr_versions.push_back(0);
     st.tau = async ? AnalyticDelay(P, i, static_cast<int>(N)) : 0;
   }
   const int64_t m0 = std::min(W * N, M);  // synchronous microbatches
@@ -94,12 +104,27 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
     const int64_t now = (m - 1) / N;  // steps applied before this backward
     const bool sync = !async || m <= m0;
     std::vector<int64_t> forward_version(P);
+    // The weights each stage's forward ran at (pipedream's backward uses
+    // exactly these: the stashed version, or its prediction).
+    std::vector<std::vector<torch::Tensor>> forward_weights(P);
     std::vector<torch::Tensor> x(P + 1);
     x[0] = inputs[m - 1];
     for (int i = 0; i < P; ++i) {
       const int64_t b = sync ? m - 1 : m0 + std::max<int64_t>(0, m - m0 - (P - i));
       forward_version[i] = sync ? now : b / N;
-      Load(stages[i].module, stages[i].versions[forward_version[i]]);
+      const int64_t t = forward_version[i];
+      ReplayStage& st = stages[i];
+      if (predict && !sync && st.tau > 0 && t >= std::max<int64_t>(W, 1)) {
+        std::vector<torch::Tensor> predicted;
+        for (size_t j = 0; j < st.versions[t].size(); ++j) {
+          predicted.push_back(PredictedWeights(st.versions[t][j], st.momentum_versions[t][j],
+                                               st.lr_versions[t], st.tau));
+        }
+        forward_weights[i] = predicted;
+      } else {
+        forward_weights[i] = st.versions[t];
+      }
+      Load(st.module, forward_weights[i]);
       torch::NoGradGuard no_grad;
       x[i + 1] = stages[i].module->forward(x[i]);
     }
@@ -107,7 +132,7 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
     for (int i = P - 1; i >= 0; --i) {
       ReplayStage& st = stages[i];
       std::vector<torch::Tensor> u = st.versions[now];
-      if (!sync && type == "pipedream") u = st.versions[forward_version[i]];
+      if (!sync && type == "pipedream") u = forward_weights[i];
       if (!sync && t2 && st.tau >= 1) {
         for (size_t j = 0; j < u.size(); ++j) {
           u[j] = T2BackwardWeights(st.versions[now][j], st.velocity[j], st.tau);
@@ -139,9 +164,10 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
         params[j].mutable_grad() = st.grad_sum[j].clone();
         st.grad_sum[j].zero_();
       }
-      if (spike) {
+      if (by_hand) {
         const double m_ = spec.optimizer().momentum();
-        const SpikeCoefficients c = k < W ? SpikeCoefficients{} : SpikeCompensation(m_, st.tau);
+        const SpikeCoefficients c =
+            k < W || !spike ? SpikeCoefficients{} : SpikeCompensation(m_, st.tau);
         torch::NoGradGuard no_grad;
         for (size_t j = 0; j < params.size(); ++j) {
           const torch::Tensor g =
@@ -157,6 +183,11 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
         st.sgd->step();
       }
       std::vector<torch::Tensor> w;
+      st.lr_versions.push_back(lr);
+      st.momentum_versions.emplace_back();
+      for (size_t j = 0; j < st.momentum.size(); ++j) {
+        st.momentum_versions.back().push_back(st.momentum[j].clone());
+      }
       for (size_t j = 0; j < params.size(); ++j) {
         w.push_back(params[j].detach().clone());
         if (t2) {
@@ -316,6 +347,25 @@ TEST(ExactnessTest, SpikeCompensationEqualsItsReplayOnEveryAsynchronousSchedule)
   }
   v1::JobSpec warm = Spec("pipemare", 5, 1);
   warm.mutable_schedule()->set_spike_compensation(true);
+  warm.mutable_schedule()->set_warmup_steps(4);
+  ExpectHarnessEqualsReplay(warm);
+}
+
+TEST(ExactnessTest, WeightPredictionEqualsItsReplayAloneAndWithSpikeCompensation) {
+  for (const char* type : {"async", "pipedream", "pipemare"}) {
+    for (int N : {1, 2}) {
+      for (bool spike : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << type << " N=" << N << " spike " << spike);
+        v1::JobSpec spec = Spec(type, 5, N);
+        spec.mutable_schedule()->clear_discrepancy_decay();  // T2 and prediction: one or the other
+        spec.mutable_schedule()->set_weight_prediction(true);
+        spec.mutable_schedule()->set_spike_compensation(spike);
+        ExpectHarnessEqualsReplay(spec);
+      }
+    }
+  }
+  v1::JobSpec warm = Spec("async", 5, 1);
+  warm.mutable_schedule()->set_weight_prediction(true);
   warm.mutable_schedule()->set_warmup_steps(4);
   ExpectHarnessEqualsReplay(warm);
 }

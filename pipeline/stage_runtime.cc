@@ -158,6 +158,7 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       spike_enabled_(a.schedule().spike_compensation() && tau_ > 0 &&
                      (a.optimizer().type().empty() || a.optimizer().type() == "sgd")),
       spike_(SpikeCompensation(a.optimizer().momentum(), tau_)),
+      predict_enabled_(a.schedule().weight_prediction() && tau_ > 0),
       stashing_(kind == ScheduleKind::kPipeDream && tau_ > 0),
       device_(device),
       first_unit_(a.first_unit()),
@@ -217,6 +218,24 @@ void StageRuntime::UpdateMemoryLocked() {
   stats_.in_flight = static_cast<int64_t>(saved_.size());
 }
 
+namespace {
+
+// The optimizer's key for parameter `p`: a string in LibTorch 1.x, the
+// TensorImpl's address in 2.x.
+template <typename Map>
+typename Map::key_type OptimizerStateKey(const Map&, const torch::Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const torch::Tensor& input,
                                                     bool train) {
   if (train && saved_.count(microbatch)) {
@@ -224,8 +243,65 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
   }
   torch::Tensor rng;
   if (train) rng = RngState();
+  // Weight prediction: point each parameter at ŵ for this forward only (the
+  // live weights are never written), as the backward does for u_bkwd.
+  auto params = module_->parameters();
+  std::vector<torch::Tensor> w_t;
+  struct Restore {
+    std::vector<torch::Tensor>& params;
+    std::vector<torch::Tensor>& w_t;
+    ~Restore() {
+      for (size_t j = 0; j < w_t.size(); ++j) params[j].set_data(w_t[j]);
+    }
+  } restore{params, w_t};
+  if (train && predict_enabled_ && !virtual_.enabled) {
+    absl::Status st = Guard(absl::StrCat("stage ", stage_, " weight prediction").c_str(), [&] {
+      std::vector<torch::Tensor> predicted = PredictWeights();
+      torch::NoGradGuard no_grad;
+      for (size_t j = 0; j < predicted.size(); ++j) {
+        w_t.push_back(params[j].data());
+        params[j].set_data(predicted[j]);
+      }
+    });
+    if (!st.ok()) return st;
+  }
   auto out = Run(input, train);
   if (out.ok() && train) Remember(microbatch, input, torch::Tensor(), rng);
+  return out;
+}
+
+std::vector<torch::Tensor> StageRuntime::PredictWeights() {
+  double alpha;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    if (stats_.steps < std::max<int64_t>(warmup_steps_, 1)) return {};
+    alpha = stats_.learning_rate;
+  }
+  torch::NoGradGuard no_grad;
+  auto params = module_->parameters();
+  auto& state = optimizer_->state();
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) {
+    auto it = state.find(OptimizerStateKey(state, p));
+    torch::Tensor d;
+    if (it != state.end()) {
+      const torch::optim::OptimizerParamState* s = it->second.get();
+      if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+        d = sgd->momentum_buffer();
+      } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+        const auto& o =
+            static_cast<torch::optim::AdamOptions&>(optimizer_->param_groups()[0].options());
+        d = AdamDirection(adam->exp_avg(), adam->exp_avg_sq(), adam->step(), std::get<0>(o.betas()),
+                          std::get<1>(o.betas()), o.eps());
+      } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+        const auto& o =
+            static_cast<torch::optim::AdamWOptions&>(optimizer_->param_groups()[0].options());
+        d = AdamDirection(adamw->exp_avg(), adamw->exp_avg_sq(), adamw->step(),
+                          std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps());
+      }
+    }
+    out.push_back(d.defined() ? PredictedWeights(p.detach(), d, alpha, tau_) : p.detach());
+  }
   return out;
 }
 
@@ -353,7 +429,9 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
 }
 
 const std::vector<torch::Tensor>* StageRuntime::StashedWeights(const Saved& saved) const {
-  if (!stashing_ || saved.step == stats_.steps) return nullptr;  // no update since the forward
+  // No update since the forward: the live weights are the forward's, unless
+  // it ran at a prediction (then the stash holds that).
+  if (!stashing_ || (saved.step == stats_.steps && !predict_enabled_)) return nullptr;
   return &stash_.at(saved.step).weights;
 }
 
@@ -485,24 +563,6 @@ torch::Tensor StageRuntime::Recompute(const torch::Tensor& x, const torch::Tenso
   if (rng.defined()) SetRngState(now);
   return out;
 }
-
-namespace {
-
-// The optimizer's key for parameter `p`: a string in LibTorch 1.x, the
-// TensorImpl's address in 2.x.
-template <typename Map>
-typename Map::key_type OptimizerStateKey(const Map&, const torch::Tensor& p) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;
-    key << p.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return static_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
-
-}  // namespace
 
 absl::Status StageRuntime::Step() {
   if (backwards_since_step_ != microbatches_per_step_) {

@@ -240,6 +240,12 @@ class StageRuntime {
   // schedule.spike_compensation on a stage with τ_i > 0 (sgd), and its a, b.
   const bool spike_enabled_;
   const SpikeCoefficients spike_;
+  // schedule.weight_prediction on a stage with τ_i > 0.
+  const bool predict_enabled_;
+  // Linear weight prediction: ŵ = w − τ_i·α·d for each parameter, d the
+  // optimizer's current direction, α the last step's rate; empty while no
+  // step has made a direction (or during a T3 warm-up).
+  std::vector<torch::Tensor> PredictWeights();
   // pipedream with τ_i > 0 (the last stage's backward follows its forward
   // before any update, so it needs no stash).
   const bool stashing_;

@@ -301,6 +301,60 @@ TEST(StageRuntimePipeMareTest, SpikeCompensationAppliesAVPlusBG) {
   }
 }
 
+// Weight prediction: after a step, a training forward on stage 0 of 4
+// (τ = 3) runs at ŵ = w − τ·α·d, d the momentum buffer (sgd) or Adam's
+// m̂/(√v̂ + ε); the live weights stay w; an evaluation forward uses w.
+TEST(StageRuntimePipeMareTest, WeightPredictionForwardsAtWMinusTauAlphaD) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
+  for (const char* optimizer : {"sgd", "adam"}) {
+    SCOPED_TRACE(optimizer);
+    v1::StageAssignment a = Assignment("async", 0, 4, 0, 1, model);
+    a.mutable_optimizer()->set_type(optimizer);
+    if (std::string(optimizer) == "sgd") a.mutable_optimizer()->set_momentum(0.9);
+    a.mutable_schedule()->set_weight_prediction(true);
+    auto rt = MustCreate(a);
+    ASSERT_NE(rt, nullptr);
+    const torch::Tensor x = Inputs(51);
+    torch::nn::Sequential at_w = MustBuild(model, 0, 1);
+    // Before any step there is no direction: the forward is at w.
+    auto first = rt->Forward(1, x, true);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_TRUE(torch::allclose(*first, at_w->forward(x))) << "no step yet";
+    torch::manual_seed(52);
+    ASSERT_TRUE(rt->Backward(1, torch::randn({kBatch, 3})).ok());
+    std::vector<torch::Tensor> g;
+    for (const auto& p : rt->Parameters()) g.push_back(p.grad().detach().clone());
+    ASSERT_TRUE(rt->Step().ok());
+    const std::vector<torch::Tensor> w = Snapshot(rt->Parameters());
+
+    torch::nn::Sequential at_predicted = MustBuild(model, 0, 1);
+    {
+      torch::NoGradGuard no_grad;
+      auto params = at_predicted->parameters();
+      for (size_t j = 0; j < params.size(); ++j) {
+        const torch::Tensor d =
+            std::string(optimizer) == "sgd"
+                ? g[j]  // v after the first step
+                : AdamDirection(0.1 * g[j], 0.001 * g[j] * g[j], 1, 0.9, 0.999, 1e-8);
+        params[j].copy_(PredictedWeights(w[j], d, 0.1, 3));
+      }
+    }
+    auto second = rt->Forward(2, x, true);
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_TRUE(torch::allclose(*second, at_predicted->forward(x), 1e-5, 1e-6));
+    {
+      torch::NoGradGuard no_grad;
+      auto params = at_w->parameters();
+      for (size_t j = 0; j < params.size(); ++j) params[j].copy_(w[j]);
+    }
+    EXPECT_FALSE(torch::allclose(*second, at_w->forward(x), 1e-5, 1e-6)) << "prediction moved";
+    EXPECT_EQ(MaxAbsDiff(rt->Parameters(), w), 0) << "the live weights are untouched";
+    auto eval = rt->Forward(3, x, false);
+    ASSERT_TRUE(eval.ok());
+    EXPECT_TRUE(torch::allclose(*eval, at_w->forward(x), 1e-6, 1e-7)) << "evaluation at w";
+  }
+}
+
 TEST(StageRuntimePipeMareTest, AnalyticDelayPerStage) {
   const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
   const int expected_n1[] = {3, 2, 1, 0};
