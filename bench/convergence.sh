@@ -11,8 +11,9 @@
 # (T3: that many synchronous epochs first; the asynchronous schedules only,
 # and runs are then named with a "-wN" suffix).
 # "momentum" is SGD with momentum 0.9; "plain" is SGD without momentum.
-# A schedule written SCHEDULE.sc (e.g. pipemare.sc) runs SCHEDULE with
-# schedule.spike_compensation: true.
+# A schedule written SCHEDULE.sc runs SCHEDULE with
+# schedule.spike_compensation: true, SCHEDULE.lwp with weight_prediction: true
+# (and T2 off), SCHEDULE.sc.lwp with both (e.g. async.sc.lwp).
 #
 # For each run it writes OUT_DIR/NAME.status.json (the final job status),
 # OUT_DIR/NAME.curve (step and training loss, polled from the job while it
@@ -51,11 +52,19 @@ for p in $PS; do
       fi
       for schedule in $SCHEDULES; do
         name="p${p}-n${n}-${opt}-${schedule}"
-        warmup=""
+        # SCHEDULE[.sc][.lwp]: the corrections beyond the paper.
         type=${schedule%%.*}
-        [ "$type" != "$schedule" ] && [ "${schedule#*.}" = sc ] && warmup=", spike_compensation: true"
+        extra=", discrepancy_decay: 0.1"
+        for option in $(echo "${schedule#"$type"}" | tr '.' ' '); do
+          case "$option" in
+            sc) extra="$extra, spike_compensation: true" ;;
+            # Prediction and T2 pull in opposite directions: one or the other.
+            lwp) extra="${extra/, discrepancy_decay: 0.1/}, weight_prediction: true" ;;
+            *) echo "convergence.sh: unknown option .$option in $schedule" >&2; exit 2 ;;
+          esac
+        done
         if [ "$WARMUP_EPOCHS" != 0 ] && [ "$schedule" != gpipe ]; then
-          warmup=", warmup_epochs: $WARMUP_EPOCHS"
+          extra="$extra, warmup_epochs: $WARMUP_EPOCHS"
           name="$name-w$WARMUP_EPOCHS"
         fi
         cat >"$work/spec.yaml" <<EOF
@@ -64,7 +73,7 @@ model: {type: mlp, layers: $(mlp_layers "$p" "$WIDTH"), activation: relu, init: 
 data: {type: mnist, path: data/mnist, train_limit: $TRAIN_LIMIT, test_limit: $TEST_LIMIT}
 optimizer: $optimizer
 schedule: {type: $type, stages: $p, microbatch_size: 64, microbatches_per_step: $n,
-           lr_anneal_epochs: 1, discrepancy_decay: 0.1$warmup}
+           lr_anneal_epochs: 1$extra}
 train: {epochs: $EPOCHS, seed: 1}
 EOF
         id=$(ctl submit "$work/spec.yaml" --output json |
