@@ -112,8 +112,13 @@ say "rendering $overlay"
   --coordinator-host pipemare-coordinator.pipemare.svc \
   --worker-host '*.pipemare-worker.pipemare.svc' > /dev/null
 chmod 755 "$work/pki"
+# The image's binaries, where the pods' user (uid 10001) can reach them: the
+# build directory may sit under a directory only root may enter (a CI clone
+# in mktemp -d's 0700 directory).
+mkdir -m 755 "$work/image-bin"
+cp "$bin/pipemare-coordinator" "$bin/pipemare-worker" "$bin/pipemarectl" "$work/image-bin/"
 "$node" "$here/pods.mjs" --rendered "$work/rendered.yaml" --work "$work" --subnet "$subnet" \
-  --bin-dir "$bin" --netns-prefix "$tag-" \
+  --bin-dir "$work/image-bin" --netns-prefix "$tag-" \
   --secret "pipemare-tls=$work/pki" --secret "pipemare-tokens=$work/pki" \
   --seed "pipemare-data/mnist=$root/data/mnist"
 # Declares pods, pod_ip, pod_netns, pod_grace, pod_init, pod_main,
