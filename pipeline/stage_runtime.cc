@@ -220,6 +220,31 @@ void StageRuntime::UpdateMemoryLocked() {
 
 namespace {
 
+// Points a module's parameters at other tensors (a prediction, T2's u_bkwd,
+// a stash) and back at their own storage on every exit, also when an
+// exception passes: the live weights themselves are never written.
+class SwappedWeights {
+ public:
+  explicit SwappedWeights(std::vector<torch::Tensor> params) : params_(std::move(params)) {}
+  ~SwappedWeights() {
+    for (size_t j = 0; j < live_.size(); ++j) params_[j].set_data(live_[j]);
+  }
+  SwappedWeights(const SwappedWeights&) = delete;
+  SwappedWeights& operator=(const SwappedWeights&) = delete;
+  // Once; `to` holds one tensor per parameter, or none (no swap).
+  void PointAt(const std::vector<torch::Tensor>& to) {
+    torch::NoGradGuard no_grad;
+    for (size_t j = 0; j < to.size(); ++j) {
+      live_.push_back(params_[j].data());
+      params_[j].set_data(to[j]);
+    }
+  }
+
+ private:
+  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> live_;  // the parameters' own storage while swapped
+};
+
 // The optimizer's key for parameter `p`: a string in LibTorch 1.x, the
 // TensorImpl's address in 2.x.
 template <typename Map>
@@ -243,26 +268,11 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
   }
   torch::Tensor rng;
   if (train) rng = RngState();
-  // Weight prediction: point each parameter at ŵ for this forward only (the
-  // live weights are never written), as the backward does for u_bkwd.
-  auto params = module_->parameters();
-  std::vector<torch::Tensor> w_t;
-  struct Restore {
-    std::vector<torch::Tensor>& params;
-    std::vector<torch::Tensor>& w_t;
-    ~Restore() {
-      for (size_t j = 0; j < w_t.size(); ++j) params[j].set_data(w_t[j]);
-    }
-  } restore{params, w_t};
+  // Weight prediction: the forward runs at ŵ, as the backward runs at u_bkwd.
+  SwappedWeights swapped(module_->parameters());
   if (train && predict_enabled_ && !virtual_.enabled) {
-    absl::Status st = Guard(absl::StrCat("stage ", stage_, " weight prediction").c_str(), [&] {
-      std::vector<torch::Tensor> predicted = PredictWeights();
-      torch::NoGradGuard no_grad;
-      for (size_t j = 0; j < predicted.size(); ++j) {
-        w_t.push_back(params[j].data());
-        params[j].set_data(predicted[j]);
-      }
-    });
+    absl::Status st = Guard(absl::StrCat("stage ", stage_, " weight prediction").c_str(),
+                            [&] { swapped.PointAt(PredictWeights()); });
     if (!st.ok()) return st;
   }
   auto out = Run(input, train);
@@ -464,31 +474,23 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
       : virtual_.enabled
           ? Guard("virtual backward", [&] { grad_input = VirtualBackward(saved); })
           : Guard(absl::StrCat("stage ", stage_, " backward").c_str(), [&] {
-              auto params = module_->parameters();
-              std::vector<torch::Tensor> w_t;
-              // Puts w_t's storage back on every exit, also when the backward
-              // throws: the live weights themselves are never written here.
-              struct Restore {
-                std::vector<torch::Tensor>& params;
-                std::vector<torch::Tensor>& w_t;
-                ~Restore() {
-                  for (size_t j = 0; j < w_t.size(); ++j) params[j].set_data(w_t[j]);
-                }
-              } restore{params, w_t};
               // Differentiate at the backward weights (T2's u_bkwd, or the
               // stashed version) by pointing each parameter at them: no copy of
               // w_t, one pass to form u_bkwd, none for a stash. The recompute
               // below builds its graph after the swap.
+              auto params = module_->parameters();
+              SwappedWeights swapped(params);
               const std::vector<torch::Tensor>* stashed = StashedWeights(saved);
-              const bool t2 = CorrectsDiscrepancy();
-              if (stashed != nullptr || t2) {
+              if (CorrectsDiscrepancy()) {
                 torch::NoGradGuard no_grad;
+                std::vector<torch::Tensor> u_bkwd;
                 for (size_t j = 0; j < params.size(); ++j) {
-                  w_t.push_back(params[j].data());
-                  params[j].set_data(t2 ? T2BackwardWeights(w_t[j], velocity_[j], tau_)
-                                        : (*stashed)[j]);
+                  u_bkwd.push_back(T2BackwardWeights(params[j].data(), velocity_[j], tau_));
                 }
-                if (t2) correction = t2_correction_norm_;
+                swapped.PointAt(u_bkwd);
+                correction = t2_correction_norm_;
+              } else if (stashed != nullptr) {
+                swapped.PointAt(*stashed);
               }
               torch::Tensor x = saved.input.detach();
               if (!is_first()) x.requires_grad_(true);
