@@ -269,6 +269,8 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
   torch::Tensor rng;
   if (train) rng = RngState();
   // Weight prediction: the forward runs at ŵ, as the backward runs at u_bkwd.
+  // Remember (below) stashes the weights as this forward saw them, so
+  // pipedream's backward differentiates at ŵ too.
   SwappedWeights swapped(module_->parameters());
   if (train && predict_enabled_ && !virtual_.enabled) {
     absl::Status st = Guard(absl::StrCat("stage ", stage_, " weight prediction").c_str(),
