@@ -59,6 +59,7 @@ for r in rows:
         continue
     mare = [x for x in rows if x["schedule"] == "pipemare" and
             (x["p"], x["n"], x["opt"]) == (r["p"], r["n"], r["opt"])]
-    if mare and mare[0]["mem_total"]:
+    # A run that failed reports no memory: no ratio from it.
+    if mare and mare[0]["mem_total"] and r["mem_total"]:
         print("P=%d N=%d %s: pipedream / pipemare weight+optimizer memory = %.2fx" % (
             r["p"], r["n"], r["opt"], r["mem_total"] / mare[0]["mem_total"]))

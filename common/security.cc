@@ -6,9 +6,12 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -44,6 +47,14 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, const std::st
     return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": larger than 1 MiB"));
   }
   std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    // Most often the permissions: a key readable by root only, a service
+    // running as another user (the images run as uid 10001).
+    const int err = errno;
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": cannot be read (", std::strerror(err), ", as uid ",
+                     getuid(), "): make it readable by the user this service runs as"));
+  }
   std::stringstream text;
   text << in.rdbuf();
   if (!in) {
