@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One job spec under several schedule variants, one after the other on one
+# local cluster (one coordinator, P workers): each variant is
+# TYPE[.sc][.lwp][.not2] (the schedule type; .sc spike compensation, .lwp
+# weight prediction, .not2 T2 off; .lwp implies .not2). Prints a Markdown row
+# per variant with each epoch's test metric (perplexity for language models,
+# accuracy otherwise) and seconds per epoch.
+#   bench/spec_variants.sh SPEC VARIANT...
+#   EPOCHS=3 bench/spec_variants.sh examples/transformer_lm_fortunes.yaml gpipe pipemare async.lwp
+# EPOCHS overrides train.epochs.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${BIN_DIR:-$root/build/bin}
+spec=${1:?usage: bench/spec_variants.sh SPEC VARIANT...}
+shift
+[ $# -gt 0 ] || { echo "usage: bench/spec_variants.sh SPEC VARIANT..." >&2; exit 2; }
+stages=$(grep -oE 'stages: *[0-9]+' "$spec" | grep -oE '[0-9]+')
+source "$root/bench/cluster.sh" "$stages"
+cd "$root"
+echo "| variant | test metric per epoch | s/epoch |"
+echo "|---|---|---|"
+for variant in "$@"; do
+  python3 - "$spec" "$variant" "${EPOCHS:-}" >"$work/spec.yaml" <<'PY'
+import sys, yaml
+spec = yaml.safe_load(open(sys.argv[1]))
+parts = sys.argv[2].split(".")
+s = spec["schedule"]
+s["type"] = parts[0]
+for option in parts[1:]:
+    if option == "sc":
+        s["spike_compensation"] = True
+    elif option in ("lwp", "not2"):
+        s.pop("discrepancy_decay", None)
+        if option == "lwp":
+            s["weight_prediction"] = True
+    else:
+        sys.exit(f"spec_variants.sh: unknown option .{option} in {sys.argv[2]}")
+if sys.argv[3]:
+    spec["train"]["epochs"] = int(sys.argv[3])
+spec["name"] = "variant-" + sys.argv[2].replace("+", "-")
+print(yaml.safe_dump(spec, default_flow_style=None, sort_keys=False))
+PY
+  id=$(ctl submit "$work/spec.yaml" --output json | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+  ctl watch "$id" >/dev/null 2>&1 || true
+  ctl status "$id" --output json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+name = sys.argv[1]
+epochs = j.get("epochs", [])
+lm = j.get("task") == "language_model" or any(e.get("test_perplexity") for e in epochs)
+cells = []
+for e in epochs:
+    cells.append("%.2f" % e["test_perplexity"] if lm else "%.2f%%" % (100 * e.get("test_accuracy", 0)))
+state = j["state"] if j["state"] != "SUCCEEDED" else ""
+spe = sum(e.get("seconds", 0) for e in epochs) / max(len(epochs), 1)
+print("| %s | %s %s | %.0f |" % (name, " / ".join(cells), state, spe))' "$variant"
+done
