@@ -25,9 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/mnist_mlp.h"
 #include "pipeline/lr_schedule.h"
-#include "pipeline/mnist.h"
-#include "pipeline/model.h"
 #include "pipeline/pipemare_math.h"
 
 namespace {
@@ -104,14 +103,10 @@ int main(int argc, char** argv) {
   model.add_layers(784);
   for (int i = 0; i < depth - 1; ++i) model.add_layers(width);
   model.add_layers(10);
-  const int64_t features = train->features();
-  const torch::Tensor pixels =
-      torch::from_blob(train->pixels.data(), {train->count, features}, torch::kFloat32);
-  const torch::Tensor labels =
-      torch::from_blob(train->labels.data(), {train->count}, torch::kInt64);
-  const torch::Tensor test_x =
-      torch::from_blob(test->pixels.data(), {test->count, features}, torch::kFloat32);
-  const torch::Tensor test_y = torch::from_blob(test->labels.data(), {test->count}, torch::kInt64);
+  const pipemare::bench::SplitTensors training = pipemare::bench::AsTensors(*train);
+  const pipemare::bench::SplitTensors testing = pipemare::bench::AsTensors(*test);
+  const torch::Tensor& pixels = training.x;
+  const torch::Tensor& labels = training.y;
   const int64_t steps_per_epoch = train->count / microbatch;
   pipemare::v1::OptimizerSpec optimizer;
   optimizer.set_lr(lr);
@@ -124,13 +119,12 @@ int main(int argc, char** argv) {
     for (const std::string& correction : corrections) {
       const bool sc = correction.find("sc") != std::string::npos;
       const bool lwp = correction.find("lwp") != std::string::npos;
-      auto net = pipemare::BuildUnits(model, 0, model.layers_size() - 1, seed,
-                                      pipemare::TensorType{{model.layers(0)}, false});
+      auto net = pipemare::bench::BuildMlp(model, seed);
       if (!net.ok()) {
         std::cerr << "error: " << net.status().message() << std::endl;
         return 2;
       }
-      torch::nn::Sequential mlp = net->module;
+      torch::nn::Sequential mlp = *net;
       std::vector<torch::Tensor> params = mlp->parameters();
       std::vector<torch::Tensor> v;  // momentum; empty until the first update
       for (const auto& p : params) v.push_back(torch::zeros_like(p));
@@ -190,9 +184,7 @@ int main(int argc, char** argv) {
         }
       }
       if (!result.diverged) {
-        torch::NoGradGuard no_grad;
-        result.accuracy =
-            mlp->forward(test_x).argmax(1).eq(test_y).sum().item<double>() / test->count;
+        result.accuracy = pipemare::bench::TestAccuracy(mlp, testing);
         result.train_loss = std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) /
                             std::max<size_t>(recent_losses.size(), 1);
       }

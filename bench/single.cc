@@ -17,8 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/mnist.h"
-#include "pipeline/model.h"
+#include "bench/mnist_mlp.h"
 #include "pipeline/stage_runtime.h"
 
 int main(int argc, char** argv) {
@@ -63,19 +62,16 @@ int main(int argc, char** argv) {
               << std::endl;
     return 2;
   }
-  auto net = pipemare::BuildUnits(model, 0, model.layers_size() - 1, seed,
-                                  pipemare::TensorType{{model.layers(0)}, false});
+  auto net = pipemare::bench::BuildMlp(model, seed);
   if (!net.ok()) {
     std::cerr << "error: --layers: " << net.status().message() << std::endl;
     return 2;
   }
-  torch::nn::Sequential mlp = net->module;
+  torch::nn::Sequential mlp = *net;
   torch::optim::SGD sgd(mlp->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
-  const int64_t features = train->features();
-  const torch::Tensor pixels =
-      torch::from_blob(train->pixels.data(), {train->count, features}, torch::kFloat32);
-  const torch::Tensor labels =
-      torch::from_blob(train->labels.data(), {train->count}, torch::kInt64);
+  const pipemare::bench::SplitTensors training = pipemare::bench::AsTensors(*train);
+  const torch::Tensor& pixels = training.x;
+  const torch::Tensor& labels = training.y;
   double train_seconds = 0;
   int64_t samples = 0;
   for (int epoch = 1; epoch <= epochs; ++epoch) {
@@ -98,12 +94,7 @@ int main(int argc, char** argv) {
     train_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
-  torch::NoGradGuard no_grad;
-  const torch::Tensor test_x =
-      torch::from_blob(test->pixels.data(), {test->count, features}, torch::kFloat32);
-  const torch::Tensor test_y = torch::from_blob(test->labels.data(), {test->count}, torch::kInt64);
-  const double accuracy =
-      mlp->forward(test_x).argmax(1).eq(test_y).sum().item<double>() / test->count;
+  const double accuracy = pipemare::bench::TestAccuracy(mlp, pipemare::bench::AsTensors(*test));
   std::cout << "{\"samples_per_second\": " << samples / train_seconds
             << ", \"train_seconds\": " << train_seconds << ", \"test_accuracy\": " << accuracy
             << ", \"threads\": " << threads << "}" << std::endl;
