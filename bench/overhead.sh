@@ -7,7 +7,8 @@
 # bookkeeping and its zero-filled output), so
 #   per hop = (time per microbatch at P=8 - at P=2) / 12.
 #
-#   bench/overhead.sh [OUT_DIR]    (knobs: WIDTH=1024, MICROBATCH=256)
+#   bench/overhead.sh [OUT_DIR]    (knobs: WIDTH=1024, MICROBATCH=256,
+#                                   TRANSPORT=grpc|gloo)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/out/overhead}

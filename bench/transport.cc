@@ -1,10 +1,17 @@
-// bench_transport: how fast is our stage-to-stage transport (a gRPC
-// bidirectional `StageWorker.Pipe` stream) compared with a plain TCP socket,
-// for activation-sized messages over loopback (127.0.0.1)?
-//
-// Both paths run in this one process: a server (the gRPC service, or a socket
-// reader thread) and a client that sends to it. For each payload size
-// (--sizes) and each path, two measurements:
+// bench_transport: how fast is our stage-to-stage transport compared with
+// gRPC itself and a plain TCP socket, for activation-sized messages over
+// loopback (127.0.0.1)? Four paths, all in this one process:
+//   Pipe       the default (schedule.transport grpc): a `StageWorker.Pipe`
+//              stream through common/pipe_stream.h and pipe_wire.h, exactly
+//              as between two stages;
+//   Pipe+gloo  schedule.transport gloo: the header on that stream, the bytes
+//              over a stage_worker/gloo_edge.h pair, received by a consumer
+//              thread as a stage's compute thread receives them;
+//   bare gRPC  the same bytes as raw ByteBuffers on gRPC's callback API with
+//              no Pipemare code: gRPC's own share of the gap to TCP;
+//   TCP        length-prefixed frames on a socket, the fewest copies a
+//              socket allows (kernel copies only).
+// For each payload size (--sizes) and each path, two measurements:
 //
 //  * throughput: the client sends messages back to back for --seconds (or
 //    --messages), then an end marker; the server counts what it received and
@@ -15,34 +22,12 @@
 //    next. Reported: the median round trip (full payload one way, the small
 //    ack back) in microseconds, over all pings.
 //
-// Each measurement is repeated --rounds times, gRPC and TCP interleaved, so a
-// noisy neighbour on a shared machine hits both paths alike. Throughput is the
+// Each measurement is repeated --rounds times, the paths interleaved, so a
+// noisy neighbour on a shared machine hits them alike. Throughput is the
 // best round; latency the median over the pings of all rounds. Before each
 // timed burst an untimed warm-up burst lets HTTP/2 flow control (BDP probing)
-// and TCP autotuning settle.
-//
-// The gRPC path is exactly what our workers do: one long-lived `Pipe` stream
-// per edge on a channel from MakeChannel(), served by StartServer() (so it
-// uses Pipemare's message limits and keepalives), sync API on both sides.
-// Copies of the payload on it:
-//   send:    (1) the worker's copy of the tensor into the proto's `bytes`
-//                (`wire.set_data(ptr, bytes)`, from a preallocated buffer
-//                here), included in the timing;
-//            (2) gRPC serialization of the proto into slices;
-//            (3) the kernel's copy into the socket (HTTP/2 DATA frames).
-//   receive: (4) the kernel's copy into gRPC's read slices;
-//            (5) protobuf parsing of the message into the proto's string.
-//            The server then validates dtype/shape/size and touches the data.
-// Copies (1) and (5) write into a newly allocated string per message (as in
-// the workers), so first-touch page faults are part of the gRPC cost; glibc
-// serves allocations above its mmap threshold (at most 32 MiB) with fresh
-// mmaps. Protobuf reserves at most 50,000,000 bytes up front for a `bytes` field
-// it parses, so a larger payload is reallocated (and copied again) on receive.
-// The TCP baseline has the fewest copies a socket allows: the client sends
-// length-prefixed frames straight from the preallocated buffer (kernel copy
-// only), and the server reads each frame into one preallocated buffer (kernel
-// copy only), then validates and touches it like the gRPC server. Both sockets
-// set TCP_NODELAY.
+// and TCP autotuning settle. Every receiver checks each payload's first and
+// last float. Copies per hop are listed in docs/architecture.md.
 //
 //   bench_transport [--sizes 64K,256K,1M,4M,16M,64M] [--seconds 1]
 //                   [--messages N] [--rounds 2] [--output table|json]
@@ -84,6 +69,7 @@
 #include "common/pipe_wire.h"
 #include "common/rpc.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
+#include "stage_worker/gloo_edge.h"
 
 namespace pipemare::bench {
 namespace {
@@ -231,14 +217,111 @@ absl::Status CheckActivation(const PipeMessage& m) {
   return absl::OkStatus();
 }
 
+// The receiving side of "Pipe + gloo" (schedule.transport gloo), as a worker
+// does it: the stream's reaction posts each payload's receive (into a fresh
+// buffer, as a worker into a fresh tensor) and queues the message; one
+// consumer thread per stream, like a stage's compute thread, waits for the
+// bytes, validates and touches them, counts and acknowledges, in order.
+class GlooConsumer {
+ public:
+  GlooConsumer(DataPlaneEdge* edge, PipeStream* stream, bool ack_each)
+      : edge_(edge), stream_(stream), ack_each_(ack_each), thread_([this] { Run(); }) {}
+  ~GlooConsumer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // A reaction: never blocks.
+  absl::Status OnMessage(PipeMessage m) {
+    Item item;
+    if (m.message.has_activation()) {
+      const v1::Tensor& t = m.message.activation();
+      if (t.dtype() != v1::FLOAT32 || t.shape_size() != 1 || t.data_plane_bytes() <= 0) {
+        return absl::InvalidArgumentError("activation: expected FLOAT32 [n] over the data plane");
+      }
+      item.floats = t.shape(0);
+      std::shared_ptr<char[]> buffer(new char[t.data_plane_bytes()]);
+      item.receive = edge_->PostReceive(DataPlaneEdge::Tag(m.message.microbatch(), ack_each_),
+                                        buffer.get(), t.data_plane_bytes(), buffer);
+      item.data = std::move(buffer);
+    } else if (!m.message.has_done()) {
+      return absl::InvalidArgumentError("payload: expected an activation or a done marker");
+    }
+    item.message = std::move(m.message);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(item));
+    }
+    cv_.notify_all();
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Item {
+    v1::StageMessage message;
+    std::shared_ptr<DataPlaneEdge::Receive> receive;
+    std::shared_ptr<char[]> data;
+    int64_t floats = 0;
+  };
+  void Run() {
+    int64_t count = 0;
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      v1::StageMessage reply;
+      if (item.receive) {
+        absl::Status st = edge_->Wait(*item.receive);
+        if (st.ok() && !TouchOk(item.data.get(), item.floats)) {
+          st = absl::DataLossError("activation: contents differ from what was sent");
+        }
+        if (!st.ok()) {
+          std::fprintf(stderr, "bench_transport: Pipe+gloo receiver: %s\n", st.ToString().c_str());
+          stream_->Close();
+          return;
+        }
+        ++count;
+        if (!ack_each_) continue;
+        reply.set_microbatch(item.message.microbatch());
+        reply.mutable_done();
+      } else {
+        reply.mutable_result()->set_count(count);
+        count = 0;
+      }
+      stream_->Send(EncodePipeMessage(reply));
+    }
+  }
+  DataPlaneEdge* const edge_;
+  PipeStream* const stream_;
+  const bool ack_each_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the rest is set
+};
+
 class PipeSink final
     : public v1::StageWorker::WithRawCallbackMethod_Pipe<v1::StageWorker::Service> {
  public:
+  // With an edge, payloads come over it (the "Pipe + gloo" path).
+  explicit PipeSink(DataPlaneEdge* edge = nullptr) : edge_(edge) {}
+
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Pipe(
       grpc::CallbackServerContext* context) override {
+    DataPlaneEdge* edge = edge_;
     return ServePipe(
         context,
-        [](absl::StatusOr<PipeMessage> first, std::shared_ptr<PipeStream> stream) -> grpc::Status {
+        [edge](absl::StatusOr<PipeMessage> first,
+               std::shared_ptr<PipeStream> stream) -> grpc::Status {
           if (!first.ok()) return ToGrpc(first.status());
           if (!first->message.has_open()) {
             return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -246,6 +329,19 @@ class PipeSink final
           }
           const bool ack_each = first->message.open().role() == v1::StreamOpen::INPUT_FEED;
           PipeStream* s = stream.get();
+          if (edge != nullptr) {
+            auto consumer = std::make_shared<GlooConsumer>(edge, s, ack_each);
+            PipeStream::Callbacks cb;
+            cb.on_message = [s, consumer](absl::StatusOr<PipeMessage> m) {
+              absl::Status st = m.ok() ? consumer->OnMessage(std::move(*m)) : m.status();
+              if (!st.ok()) s->CloseWith(ToGrpc(st), false);
+              return st.ok();
+            };
+            // The consumer (its thread) goes when the stream ends.
+            cb.on_end = [consumer](const grpc::Status&) mutable { consumer.reset(); };
+            stream->SetCallbacks(std::move(cb), 4);
+            return grpc::Status::OK;
+          }
           auto count = std::make_shared<int64_t>(0);
           PipeStream::Callbacks cb;
           cb.on_message = [s, ack_each, count](absl::StatusOr<PipeMessage> m) {
@@ -278,6 +374,9 @@ class PipeSink final
           return grpc::Status::OK;
         });
   }
+
+ private:
+  DataPlaneEdge* const edge_;
 };
 
 // What the client side of either gRPC path hands its caller: replies, in
@@ -327,12 +426,42 @@ grpc::ByteBuffer ActivationMessage(const std::shared_ptr<const Payload>& payload
   return EncodePipeMessage(m, {payload->data(), static_cast<size_t>(payload->bytes()), payload});
 }
 
+// `gloo`: the "Pipe + gloo" path (schedule.transport gloo): headers on the
+// Pipe stream, payload bytes over a GlooEdge pair on loopback, exactly as
+// between two stages (stage_worker/stage_host.cc); the edges' rendezvous
+// keys go directly from one to the other here, untimed.
 class PipePath {
  public:
+  explicit PipePath(bool gloo = false) : gloo_(gloo) {}
   ~PipePath() { Stop(); }
 
   absl::Status Start() {
-    auto started = StartBenchServer([&](grpc::ServerBuilder& b) { b.RegisterService(&service_); });
+    if (gloo_) {
+      auto options = [](int rank) {
+        DataPlaneEdge::Options o;
+        o.rank = rank;
+        o.bind_host = "127.0.0.1";
+        o.max_sends_in_flight = 6;  // the workers' window for 4 stages
+        o.name = "bench edge";
+        return o;
+      };
+      up_ = std::make_unique<GlooEdge>(
+          options(0),
+          [this](const std::string& k, const std::string& v) { return down_->OnPeerKey(k, v); });
+      down_ = std::make_unique<GlooEdge>(
+          options(1),
+          [this](const std::string& k, const std::string& v) { return up_->OnPeerKey(k, v); });
+      absl::Status down_connected;
+      std::thread t([&] { down_connected = down_->Connect(); });
+      absl::Status up_connected = up_->Connect();
+      t.join();
+      for (const absl::Status& st : {up_connected, down_connected}) {
+        if (!st.ok()) return st;
+      }
+      service_ = std::make_unique<PipeSink>(down_.get());
+    }
+    auto started =
+        StartBenchServer([&](grpc::ServerBuilder& b) { b.RegisterService(service_.get()); });
     if (!started.ok()) return started.status();
     server_ = std::move(started->server);
     channel_ = std::move(started->channel);
@@ -342,6 +471,9 @@ class PipePath {
   }
 
   void Stop() {
+    // First: no receiver may be left waiting for bytes while its stream ends.
+    if (up_) up_->Abort("the benchmark ends");
+    if (down_) down_->Abort("the benchmark ends");
     for (auto* s : {&bulk_, &ping_}) {
       if (*s) (*s)->CloseAndWait();
       s->reset();
@@ -358,7 +490,7 @@ class PipePath {
     int64_t sent = 0;
     const Clock::time_point start = Clock::now();
     while (!bounds.Done(sent, start)) {
-      if (!bulk_->Send(ActivationMessage(payload, sent))) break;
+      if (!Send(*bulk_, payload, sent, false).ok()) break;
       ++sent;
     }
     v1::StageMessage marker;
@@ -380,7 +512,7 @@ class PipePath {
     const Clock::time_point start = Clock::now();
     for (int64_t sent = 0; !bounds.Done(sent, start); ++sent) {
       const Clock::time_point t0 = Clock::now();
-      ping_->Send(ActivationMessage(payload, sent));
+      if (auto st = Send(*ping_, payload, sent, true); !st.ok()) return st;
       auto ack = ping_replies_.Pop("a ping");
       if (!ack.ok()) return ack.status();
       micros.push_back(Seconds(t0, Clock::now()) * 1e6);
@@ -392,6 +524,26 @@ class PipePath {
   }
 
  private:
+  // One activation: on the stream, or its header there and its bytes over
+  // the edge (tags: the ping stream's as gradients, so the two never mix).
+  absl::Status Send(PipeStream& stream, const std::shared_ptr<const Payload>& payload,
+                    uint64_t microbatch, bool ping) {
+    if (!gloo_) {
+      return stream.Send(ActivationMessage(payload, microbatch))
+                 ? absl::OkStatus()
+                 : absl::UnavailableError("Pipe: the stream ended");
+    }
+    v1::StageMessage m;
+    m.set_microbatch(microbatch);
+    m.set_phase(v1::TRAIN);
+    m.mutable_activation()->set_dtype(v1::FLOAT32);
+    m.mutable_activation()->add_shape(payload->floats());
+    m.mutable_activation()->set_data_plane_bytes(payload->bytes());
+    if (!stream.Send(EncodePipeMessage(m))) return absl::UnavailableError("Pipe: the stream ended");
+    return up_->Send(DataPlaneEdge::Tag(microbatch, ping), payload->data(),
+                     static_cast<size_t>(payload->bytes()), payload);
+  }
+
   std::shared_ptr<PipeStream> Open(v1::StreamOpen::Role role, Replies* replies) {
     v1::StageMessage open;
     open.mutable_open()->set_job_id("bench_transport");
@@ -412,7 +564,9 @@ class PipePath {
     return OpenPipe(channel_, EncodePipeMessage(open), std::move(cb), 6);
   }
 
-  PipeSink service_;
+  const bool gloo_;
+  std::unique_ptr<DataPlaneEdge> up_, down_;  // gloo_: rank 0 sends, rank 1 receives
+  std::unique_ptr<PipeSink> service_ = std::make_unique<PipeSink>();
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<PipeStream> bulk_, ping_;
@@ -1015,8 +1169,8 @@ absl::StatusOr<std::vector<int64_t>> ParseSizes(const std::string& list) {
 }
 
 // The three paths, side by side: our Pipe, bare gRPC, raw TCP.
-constexpr int kPaths = 3;
-const char* const kPathNames[kPaths] = {"Pipe", "bare gRPC", "TCP"};
+constexpr int kPaths = 4;
+const char* const kPathNames[kPaths] = {"Pipe", "Pipe+gloo", "bare gRPC", "TCP"};
 
 struct Row {
   int64_t bytes = 0;
@@ -1026,15 +1180,17 @@ struct Row {
 
 void PrintTable(const std::vector<Row>& rows) {
   std::printf(
-      "| size | Pipe GiB/s | bare gRPC GiB/s | TCP GiB/s | Pipe/TCP | Pipe/bare gRPC | "
-      "Pipe µs | bare gRPC µs | TCP µs |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "| size | Pipe GiB/s | Pipe+gloo GiB/s | bare gRPC GiB/s | TCP GiB/s | Pipe/TCP | "
+      "Pipe/bare gRPC | gloo/TCP | Pipe µs | Pipe+gloo µs | bare gRPC µs | TCP µs |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows) {
-    std::printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.0f | %.0f |\n",
-                SizeName(r.bytes).c_str(), r.best[0].gib_per_s(), r.best[1].gib_per_s(),
-                r.best[2].gib_per_s(), r.best[0].gib_per_s() / r.best[2].gib_per_s(),
-                r.best[0].gib_per_s() / r.best[1].gib_per_s(), Median(r.micros[0]),
-                Median(r.micros[1]), Median(r.micros[2]));
+    std::printf(
+        "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.0f | %.0f | %.0f |\n",
+        SizeName(r.bytes).c_str(), r.best[0].gib_per_s(), r.best[1].gib_per_s(),
+        r.best[2].gib_per_s(), r.best[3].gib_per_s(), r.best[0].gib_per_s() / r.best[3].gib_per_s(),
+        r.best[0].gib_per_s() / r.best[2].gib_per_s(),
+        r.best[1].gib_per_s() / r.best[3].gib_per_s(), Median(r.micros[0]), Median(r.micros[1]),
+        Median(r.micros[2]), Median(r.micros[3]));
   }
 }
 
@@ -1044,12 +1200,13 @@ void PrintJson(const std::vector<Row>& rows, const Bounds& bounds, int rounds) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::printf(
-        "%s\n  {\"bytes\": %lld, \"pipe_gib_per_s\": %.4f, \"bare_grpc_gib_per_s\": %.4f, "
-        "\"tcp_gib_per_s\": %.4f, \"pipe_latency_us\": %.1f, \"bare_grpc_latency_us\": %.1f, "
+        "%s\n  {\"bytes\": %lld, \"pipe_gib_per_s\": %.4f, \"pipe_gloo_gib_per_s\": %.4f, "
+        "\"bare_grpc_gib_per_s\": %.4f, \"tcp_gib_per_s\": %.4f, \"pipe_latency_us\": %.1f, "
+        "\"pipe_gloo_latency_us\": %.1f, \"bare_grpc_latency_us\": %.1f, "
         "\"tcp_latency_us\": %.1f}",
         i == 0 ? "" : ",", static_cast<long long>(r.bytes), r.best[0].gib_per_s(),
-        r.best[1].gib_per_s(), r.best[2].gib_per_s(), Median(r.micros[0]), Median(r.micros[1]),
-        Median(r.micros[2]));
+        r.best[1].gib_per_s(), r.best[2].gib_per_s(), r.best[3].gib_per_s(), Median(r.micros[0]),
+        Median(r.micros[1]), Median(r.micros[2]), Median(r.micros[3]));
   }
   std::printf("\n]}\n");
 }
@@ -1143,9 +1300,11 @@ int Main(int argc, char** argv) {
 
   if (malloc_mode == "tuned") TuneMallocForLargeMessages();
   PipePath pipe_path;
+  PipePath gloo_path(/*gloo=*/true);
   BareGrpcPath bare_path;
   TcpPath tcp_path;
-  for (absl::Status st : {pipe_path.Start(), bare_path.Start(), tcp_path.Start()}) {
+  for (absl::Status st :
+       {pipe_path.Start(), gloo_path.Start(), bare_path.Start(), tcp_path.Start()}) {
     if (!st.ok()) {
       std::fprintf(stderr, "bench_transport: %s\n", st.ToString().c_str());
       return 1;
@@ -1159,11 +1318,12 @@ int Main(int argc, char** argv) {
     row.bytes = bytes;
     for (int round = 0; round < rounds; ++round) {
       absl::StatusOr<Throughput> tp[kPaths] = {MeasureThroughput(pipe_path, payload, bounds),
+                                               MeasureThroughput(gloo_path, payload, bounds),
                                                MeasureThroughput(bare_path, payload, bounds),
                                                MeasureThroughput(tcp_path, payload, bounds)};
-      absl::StatusOr<std::vector<double>> lat[kPaths] = {MeasureLatency(pipe_path, payload, bounds),
-                                                         MeasureLatency(bare_path, payload, bounds),
-                                                         MeasureLatency(tcp_path, payload, bounds)};
+      absl::StatusOr<std::vector<double>> lat[kPaths] = {
+          MeasureLatency(pipe_path, payload, bounds), MeasureLatency(gloo_path, payload, bounds),
+          MeasureLatency(bare_path, payload, bounds), MeasureLatency(tcp_path, payload, bounds)};
       for (int p = 0; p < kPaths; ++p) {
         if (!Check(tp[p], absl::StrCat(kPathNames[p], " throughput").c_str(), bytes) ||
             !Check(lat[p], absl::StrCat(kPathNames[p], " latency").c_str(), bytes)) {
@@ -1173,14 +1333,16 @@ int Main(int argc, char** argv) {
         row.micros[p].insert(row.micros[p].end(), lat[p]->begin(), lat[p]->end());
       }
       std::fprintf(stderr,
-                   "%s round %d: Pipe %.2f, bare gRPC %.2f, TCP %.2f GiB/s; latency %.0f, %.0f, "
-                   "%.0f µs\n",
+                   "%s round %d: Pipe %.2f, Pipe+gloo %.2f, bare gRPC %.2f, TCP %.2f GiB/s; "
+                   "latency %.0f, %.0f, %.0f, %.0f µs\n",
                    SizeName(bytes).c_str(), round + 1, tp[0]->gib_per_s(), tp[1]->gib_per_s(),
-                   tp[2]->gib_per_s(), Median(*lat[0]), Median(*lat[1]), Median(*lat[2]));
+                   tp[2]->gib_per_s(), tp[3]->gib_per_s(), Median(*lat[0]), Median(*lat[1]),
+                   Median(*lat[2]), Median(*lat[3]));
     }
     rows.push_back(std::move(row));
   }
   pipe_path.Stop();
+  gloo_path.Stop();
   bare_path.Stop();
   tcp_path.Stop();
 

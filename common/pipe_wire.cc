@@ -281,9 +281,18 @@ absl::Status DecodePipeMessage(grpc::ByteBuffer& buffer, PipeMessage* out) {
         : tensor_field == v1::StageMessage::kGradientFieldNumber ? out->message.mutable_gradient()
                                                                  : out->message.mutable_targets();
     *t = std::move(tensor);
-    if (auto st = ValidateTensorLayout(*t, static_cast<int64_t>(out->data_size)); !st.ok()) {
-      return st;
+    int64_t bytes = static_cast<int64_t>(out->data_size);
+    if (t->data_plane_bytes() != 0) {
+      // Its data comes over the edge's data plane (schedule.transport).
+      if (t->data_plane_bytes() < 0 || out->data_size != 0) {
+        return Malformed(absl::StrCat("tensor.data_plane_bytes: ", t->data_plane_bytes(), " with ",
+                                      out->data_size,
+                                      " bytes of data in the message; either positive with no "
+                                      "data, or 0"));
+      }
+      bytes = t->data_plane_bytes();
     }
+    if (auto st = ValidateTensorLayout(*t, bytes); !st.ok()) return st;
   }
   return absl::OkStatus();
 }

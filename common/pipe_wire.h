@@ -50,7 +50,9 @@ grpc::ByteBuffer EncodePipeMessage(const v1::StageMessage& message, WirePayload 
 
 // A received message. `message` is complete except for its tensor's data,
 // which is `data`: slices of gRPC's receive buffers, `data_size` bytes in all.
-// Decoding validated the tensor's dtype and shape against data_size.
+// Decoding validated the tensor's dtype and shape against data_size, or,
+// when the tensor's data_plane_bytes is set (its data comes over the data
+// plane, schedule.transport "gloo"), against that, with no data here.
 struct PipeMessage {
   v1::StageMessage message;
   std::vector<grpc::Slice> data;

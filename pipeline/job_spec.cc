@@ -684,6 +684,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                                                    "' is not allowed; allowed: float32 (default), "
                                                    "float16, bfloat16"));
   }
+  if (!s.transport().empty() && s.transport() != "grpc" && s.transport() != "gloo") {
+    return Bad("schedule.transport",
+               absl::StrCat("'", s.transport(), "' is not allowed; allowed: grpc (default), gloo"));
+  }
   if (!s.partition().empty() && s.partition() != "uniform" && s.partition() != "parameters" &&
       s.partition() != "profile" && s.partition() != "split") {
     return Bad("schedule.partition",

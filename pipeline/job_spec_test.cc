@@ -337,6 +337,16 @@ TEST(JobSpecValidateTest, WireDtype) {
       "schedule.wire_dtype", "allowed: float32");
 }
 
+TEST(JobSpecValidateTest, Transport) {
+  for (const char* ok : {"", "grpc", "gloo"}) {
+    EXPECT_TRUE(
+        ValidateMutated([&](v1::JobSpec& s) { s.mutable_schedule()->set_transport(ok); }).ok())
+        << ok;
+  }
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_schedule()->set_transport("tcp"); }),
+                "schedule.transport", "allowed: grpc (default), gloo");
+}
+
 struct MissingCase {
   const char* path;
   std::function<void(v1::JobSpec&)> clear;

@@ -30,7 +30,7 @@ packages=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtorch-dev libopenblas0-openmp prometheus-cpp-dev libgtest-dev libgmock-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev
-  libcpp-httplib-dev zlib1g-dev libsqlite3-dev sqlite3
+  libcpp-httplib-dev zlib1g-dev libsqlite3-dev sqlite3 libgloo-dev
   prometheus dataset-fashion-mnist fortunes python3-torch python3-numpy
   clang libclang-rt-14-dev
   podman runc catatonit debootstrap docker-compose containernetworking-plugins

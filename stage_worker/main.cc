@@ -219,6 +219,7 @@ int main(int argc, char** argv) {
     return absl::StrFormat("%08x%08x", rd(), rd());
   }();
   service.set_self_address(advertise);
+  service.set_plaintext(insecure);
   // Advertise metrics on the same host as the service when bound to any.
   std::string metrics_address;
   if (metrics_server) {

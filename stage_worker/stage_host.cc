@@ -36,6 +36,15 @@ bool AllFinite(const torch::Tensor& t) {
 
 std::string ShapeText(c10::IntArrayRef sizes) { return c10::str(sizes); }
 
+// "host" of "host:port" or "[v6]:port".
+std::string HostOf(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
 }  // namespace
 
 StageHost::StageHost(const v1::StageAssignment& a, const std::string& self_address)
@@ -91,6 +100,33 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
   const size_t window =
       static_cast<size_t>(std::max(a.num_stages(), 2 * a.schedule().microbatches_per_step())) + 2;
   host->inbox_capacity_ = window;
+  if (const std::string& transport = a.schedule().transport();
+      !transport.empty() && transport != "grpc") {
+    // One edge per neighbour stage; it connects from the compute thread
+    // once the edge's stream is there (ConnectDataPlane).
+    for (Side side : {Side::kUpstream, Side::kDownstream}) {
+      if (side == Side::kUpstream ? host->runtime_->is_first() : host->runtime_->is_last()) {
+        continue;
+      }
+      DataPlaneEdge::Options o;
+      o.rank = side == Side::kUpstream ? 1 : 0;
+      o.bind_host = HostOf(self_address);
+      o.connect_timeout = std::chrono::milliseconds(static_cast<int>(kConnectSeconds * 1000));
+      o.max_sends_in_flight = window;
+      const int top = side == Side::kUpstream ? a.stage() - 1 : a.stage();
+      o.name = absl::StrCat("edge ", top, "-", top + 1);
+      StageHost* h = host.get();
+      auto edge = MakeDataPlaneEdge(transport, std::move(o),
+                                    [h, side](const std::string& key, const std::string& value) {
+                                      v1::StageMessage m;
+                                      m.mutable_data_plane_key()->set_key(key);
+                                      m.mutable_data_plane_key()->set_value(value);
+                                      return h->Send(side, std::move(m));
+                                    });
+      if (!edge.ok()) return edge.status();
+      host->edge_[static_cast<int>(side)] = std::move(*edge);
+    }
+  }
   if (!host->runtime_->is_last()) {
     if (a.downstream_address().empty()) {
       return absl::InvalidArgumentError(
@@ -185,6 +221,9 @@ void StageHost::Stop() {
     std::lock_guard<std::mutex> lock(checkpoint_mu_);  // no lost wake-up in QueueCut
   }
   checkpoint_cv_.notify_all();
+  for (auto& edge : edge_) {
+    if (edge) edge->Abort("the stage stops");  // a compute thread waiting on it returns
+  }
   // After this no stream calls into the host (a compute thread blocked in
   // a full stream's Send is released too).
   for (int side = 0; side < kSides; ++side) {
@@ -306,6 +345,7 @@ grpc::Status StageHost::Attach(const v1::StreamOpen& open, std::shared_ptr<PipeS
   callbacks.on_end = [this, side](const grpc::Status& st) { OnStreamEnd(side, st); };
   stream->SetCallbacks(std::move(callbacks), inbox_capacity_);
   slot = std::move(stream);
+  cv_.notify_all();  // ConnectDataPlane waits for it
   return grpc::Status::OK;
 }
 
@@ -319,16 +359,31 @@ bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
     Fail(message->message.error().message(), side,
          code == 0 ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(code));
     return false;
+  } else if (message->message.has_data_plane_key()) {
+    DataPlaneEdge* edge = side == Side::kUpstream || side == Side::kDownstream
+                              ? edge_[static_cast<int>(side)].get()
+                              : nullptr;
+    if (edge == nullptr) {
+      why = "a data_plane_key on a stream without a data plane (schedule.transport is grpc)";
+    } else if (auto st = edge->OnPeerKey(message->message.data_plane_key().key(),
+                                         message->message.data_plane_key().value());
+               !st.ok()) {
+      why = std::string(st.message());
+    } else {
+      return true;
+    }
   } else if (side == Side::kDownstream) {
     if (!message->message.has_gradient()) {
       why = "downstream sent something that is not a gradient";
     } else {
-      auto t = FromWire(*message, ReceiveAs());
+      std::shared_ptr<DataPlaneEdge::Receive> arriving;
+      auto t = ReceiveTensor(side, *message, &arriving);
       const uint64_t id = message->message.microbatch();
       if (!t.ok()) {
         why = absl::StrCat("gradient of microbatch ", id, ": ", t.status().message());
       } else {
-        metrics_->received_gradient_bytes->Increment(message->data_size);
+        metrics_->received_gradient_bytes->Increment(static_cast<double>(
+            message->data_size + message->message.gradient().data_plane_bytes()));
         {
           std::lock_guard<std::mutex> lock(mu_);
           // Only for a training activation this stage sent and still awaits
@@ -361,7 +416,9 @@ bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
         }
         if (why.empty()) {
           Event e{true, id, v1::TRAIN, *t};
-          if (!AllFinite(e.tensor)) {
+          e.arriving = std::move(arriving);
+          e.from = side;
+          if (!e.arriving && !AllFinite(e.tensor)) {
             if (!OnNonFinite(id, "gradient", side)) return false;
             e.skipped = true;
             e.tensor = torch::zeros_like(e.tensor);
@@ -414,7 +471,8 @@ bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
   } else {
     // Stage 0's input feed is float32 already; peers may send a wire dtype.
     const uint64_t id = message->message.microbatch();
-    auto t = FromWire(*message, ReceiveAs());
+    std::shared_ptr<DataPlaneEdge::Receive> arriving;
+    auto t = ReceiveTensor(side, *message, &arriving);
     if (!t.ok()) {
       why = absl::StrCat("activation of microbatch ", id, ": ", t.status().message());
     } else if (why = CheckActivation(id, message->message.activation(), *t); why.empty()) {
@@ -430,14 +488,19 @@ bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
         }
       }
       if (why.empty()) {
-        metrics_->received_activation_bytes->Increment(message->data_size);
+        metrics_->received_activation_bytes->Increment(static_cast<double>(
+            message->data_size + message->message.activation().data_plane_bytes()));
         Event e{false, id, message->message.phase(), *t};
         e.skipped = message->message.skipped();
-        if (!e.skipped && !AllFinite(e.tensor)) {
-          if (!OnNonFinite(id, "activation", side)) return false;
-          e.skipped = true;
+        e.arriving = std::move(arriving);
+        e.from = side;
+        if (!e.arriving) {  // else Arrive() checks it, once its bytes are there
+          if (!e.skipped && !AllFinite(e.tensor)) {
+            if (!OnNonFinite(id, "activation", side)) return false;
+            e.skipped = true;
+          }
+          if (e.skipped) e.tensor = torch::zeros_like(e.tensor);
         }
-        if (e.skipped) e.tensor = torch::zeros_like(e.tensor);
         bool more;
         {
           std::lock_guard<std::mutex> lock(mu_);
@@ -604,6 +667,12 @@ void StageHost::ComputeLoop() {
   // (measured: 62% of all CPU time in libgomp with 8 workers on 2 cores, and
   // a first epoch 6x slower than the next).
   at::init_num_threads();
+  if (auto st = ConnectDataPlane(); !st.ok()) {
+    if (!stopping_) {
+      Fail(absl::StrCat("stage ", assignment_.stage(), " (", self_address_, "): ", st.message()));
+    }
+    return;
+  }
   Event event;
   while (!stopping_ && !failed_) {
     auto waiting = std::chrono::steady_clock::now();
@@ -616,7 +685,8 @@ void StageHost::ComputeLoop() {
     // into statuses, and whatever else throws here (a codec, an
     // allocation) still becomes a stage error, never std::terminate.
     try {
-      st = Process(event);
+      st = Arrive(&event);
+      if (st.ok()) st = Process(event);
     } catch (const c10::Error& e) {
       st = absl::InternalError(e.what_without_backtrace());
     } catch (const std::exception& e) {
@@ -629,6 +699,68 @@ void StageHost::ComputeLoop() {
       return;
     }
   }
+}
+
+absl::Status StageHost::ConnectDataPlane() {
+  for (Side side : {Side::kUpstream, Side::kDownstream}) {
+    DataPlaneEdge* edge = edge_[static_cast<int>(side)].get();
+    if (edge == nullptr) continue;
+    {
+      // The upstream stream arrives when the stage above starts.
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || failed_ || link_[static_cast<int>(side)]; });
+      if (stopping_ || failed_) return absl::CancelledError("the stage stops");
+    }
+    const auto start = std::chrono::steady_clock::now();
+    if (auto st = edge->Connect(); !st.ok()) return st;
+    LogInfo(ForStage(assignment_.job_id(), assignment_.stage()),
+            absl::StrCat("data plane (", assignment_.schedule().transport(), ") to the ",
+                         SideName(side), " connected in ", SecondsSince(start), " s"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> StageHost::ReceiveTensor(
+    Side side, const PipeMessage& message, std::shared_ptr<DataPlaneEdge::Receive>* arriving) {
+  const v1::Tensor* header = PayloadTensor(message.message);
+  if (header == nullptr || header->data_plane_bytes() == 0) return FromWire(message, ReceiveAs());
+  DataPlaneEdge* edge = side == Side::kUpstream || side == Side::kDownstream
+                            ? edge_[static_cast<int>(side)].get()
+                            : nullptr;
+  if (edge == nullptr) {
+    return absl::InvalidArgumentError(
+        "tensor.data_plane_bytes: set, but this stream has no data plane (schedule.transport is "
+        "grpc)");
+  }
+  auto type = TorchType(header->dtype());
+  if (!type) return absl::InvalidArgumentError("tensor.dtype: not a LibTorch type");
+  // Decoding checked data_plane_bytes against dtype and shape.
+  torch::Tensor t =
+      torch::empty(std::vector<int64_t>(header->shape().begin(), header->shape().end()),
+                   torch::TensorOptions().dtype(*type));
+  *arriving =
+      edge->PostReceive(DataPlaneEdge::Tag(message.message.microbatch(), side == Side::kDownstream),
+                        t.data_ptr(), t.nbytes(), std::make_shared<torch::Tensor>(t));
+  return t;
+}
+
+absl::Status StageHost::Arrive(Event* event) {
+  if (!event->arriving) return absl::OkStatus();
+  if (auto st = edge_[static_cast<int>(event->from)]->Wait(*event->arriving); !st.ok()) return st;
+  event->arriving.reset();
+  const auto as = ReceiveAs();
+  if (as && event->tensor.is_floating_point() && event->tensor.scalar_type() != *as) {
+    event->tensor = event->tensor.to(*as);
+  }
+  const char* what = event->gradient ? "gradient" : "activation";
+  if (!event->skipped && !AllFinite(event->tensor)) {
+    if (!OnNonFinite(event->microbatch, what, event->from)) {
+      return absl::FailedPreconditionError(absl::StrCat("non-finite ", what));
+    }
+    event->skipped = true;
+  }
+  if (event->skipped) event->tensor = torch::zeros_like(event->tensor);
+  return absl::OkStatus();
 }
 
 absl::Status StageHost::Process(const Event& event) {
@@ -752,12 +884,21 @@ std::shared_ptr<PipeStream> StageHost::Link(Side side) const {
   return link_[static_cast<int>(side)];
 }
 
-absl::Status StageHost::Send(Side side, const v1::StageMessage& message, WirePayload payload) {
+absl::Status StageHost::Send(Side side, v1::StageMessage message, WirePayload payload) {
   std::shared_ptr<PipeStream> link = Link(side);
   if (link == nullptr) return absl::FailedPreconditionError(absl::StrCat("no ", SideName(side)));
-  if (!link->Send(EncodePipeMessage(message, std::move(payload)))) {
+  DataPlaneEdge* edge = edge_[static_cast<int>(side)].get();
+  const bool plane = edge != nullptr && payload.size > 0;
+  if (plane)
+    MutablePayloadTensor(&message)->set_data_plane_bytes(static_cast<int64_t>(payload.size));
+  if (!link->Send(EncodePipeMessage(message, plane ? WirePayload{} : std::move(payload)))) {
     // The stream has reported its end (or we stop).
     return absl::UnavailableError(absl::StrCat("lost its ", SideName(side)));
+  }
+  if (plane) {
+    // After its header: the receiver posts the receive when that arrives.
+    return edge->Send(DataPlaneEdge::Tag(message.microbatch(), side == Side::kUpstream),
+                      payload.data, payload.size, std::move(payload.owner));
   }
   return absl::OkStatus();
 }
@@ -785,6 +926,9 @@ void StageHost::Fail(const std::string& message, Side from, absl::StatusCode cod
   }
   LogError(ForStage(assignment_.job_id(), assignment_.stage()),
            absl::StrCat("stage failed: ", message));
+  for (auto& edge : edge_) {
+    if (edge) edge->Abort(message);
+  }
   v1::StageMessage msg;
   msg.mutable_error()->set_message(message);
   msg.mutable_error()->set_code(static_cast<int>(code));

@@ -40,6 +40,7 @@
 #include "pipeline/stage_executor.h"
 #include "pipeline/stage_runtime.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
+#include "stage_worker/data_plane.h"
 #include "stage_worker/stage_metrics.h"
 
 namespace pipemare {
@@ -102,6 +103,9 @@ class StageHost {
  private:
   explicit StageHost(const v1::StageAssignment& a, const std::string& self_address);
 
+  enum class Side { kNone, kUpstream, kDownstream, kTargets };
+  static constexpr int kSides = 4;
+
   struct Event {
     bool gradient = false;  // else an activation
     uint64_t microbatch = 0;
@@ -112,9 +116,11 @@ class StageHost {
     // Dropped (train.on_nonfinite: skip): a NaN or Inf arrived in it here, or
     // it came flagged from upstream; `tensor` then holds zeros.
     bool skipped = false;
+    // Its bytes still arrive over the data plane from `from` (schedule.
+    // transport "gloo"): `tensor` is their wire-dtype buffer until Arrive().
+    std::shared_ptr<DataPlaneEdge::Receive> arriving;
+    Side from = Side::kNone;
   };
-  enum class Side { kNone, kUpstream, kDownstream, kTargets };
-  static constexpr int kSides = 4;
 
   void ComputeLoop();
   // A message arrived on `side` (a gRPC reaction: never blocks). False
@@ -123,6 +129,20 @@ class StageHost {
   // `side`'s stream ended.
   void OnStreamEnd(Side side, const grpc::Status& status);
   bool NextEvent(Event* event);
+  // Compute thread, before `event` is processed: waits for bytes still
+  // arriving over the data plane, then converts them to ReceiveAs() and
+  // checks them for NaN and Inf (train.on_nonfinite), as OnMessage does for
+  // bytes that came on the stream.
+  absl::Status Arrive(Event* event);
+  // Compute thread, first: connects each data-plane edge (schedule.transport
+  // "gloo") once its stream is there.
+  absl::Status ConnectDataPlane();
+  // The tensor of `message` from `side`: from the stream's bytes (converted
+  // to ReceiveAs()), or, when they come over the data plane, an empty
+  // wire-dtype tensor of the header's shape with its receive posted in
+  // `arriving`. A gRPC reaction: never blocks.
+  absl::StatusOr<torch::Tensor> ReceiveTensor(Side side, const PipeMessage& message,
+                                              std::shared_ptr<DataPlaneEdge::Receive>* arriving);
   absl::Status Process(const Event& event);
   absl::Status HandleActivation(const Event& event);
   absl::Status HandleGradient(const Event& event);
@@ -132,7 +152,9 @@ class StageHost {
   // Queues `message` (and `payload`, its tensor's data) on the side's stream,
   // blocking while its queue is full; an error once that side broke or the
   // host stops.
-  absl::Status Send(Side side, const v1::StageMessage& message, WirePayload payload = {});
+  // Under schedule.transport "gloo" a peer's tensor bytes go over its edge
+  // after the header (Tensor.data_plane_bytes).
+  absl::Status Send(Side side, v1::StageMessage message, WirePayload payload = {});
   std::shared_ptr<PipeStream> Link(Side side) const;
   // "downstream stage 3 at host:port", "input feed from the coordinator"...
   std::string SideName(Side side) const;
@@ -167,6 +189,10 @@ class StageHost {
   // attached by WorkerService), null until then. GUARDED_BY(mu_)
   std::shared_ptr<PipeStream> link_[kSides];
   bool upstream_paused_ = false;  // the inbox was full; GUARDED_BY(mu_)
+  // The data plane of the upstream and downstream edges (schedule.transport
+  // other than "grpc"; stage_worker/data_plane.h; else null). Set in Start, before any stream:
+  // never reassigned.
+  std::unique_ptr<DataPlaneEdge> edge_[kSides];
   std::deque<Event> activations_;
   std::deque<Event> gradients_;
   std::map<uint64_t, torch::Tensor> targets_;

@@ -31,6 +31,17 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
   }
   if (auto st = RequireFiniteFields(*request); !st.ok()) return ToGrpc(st);
+  if (request->schedule().transport() == "gloo") {
+    if (!plaintext_) {
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("schedule.transport: gloo sends activations and gradients unencrypted and "
+                       "unauthenticated, and worker ",
+                       self_address_,
+                       " serves mutual TLS; use transport: grpc (encrypted), or run the workers "
+                       "with --insecure on a network only they share"));
+    }
+  }
   std::shared_ptr<StageHost> old;
   {
     std::lock_guard<std::mutex> lock(mu_);

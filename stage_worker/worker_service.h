@@ -57,6 +57,9 @@ class WorkerService final
     return host_ != nullptr && !host_->failed();
   }
   void set_self_address(const std::string& a) { self_address_ = a; }
+  // The worker serves plaintext gRPC (--insecure): only then may a job send
+  // tensors over the unencrypted Gloo data plane (schedule.transport).
+  void set_plaintext(bool plaintext) { plaintext_ = plaintext; }
   // The stage loaded now, or the last one and the cuts of it this worker
   // holds in memory (RegisterWorkerRequest.served).
   v1::ServedStage Served();
@@ -68,6 +71,7 @@ class WorkerService final
 
   const torch::Device device_;
   std::string self_address_;
+  bool plaintext_ = false;
   WorkerMetrics* const metrics_;
   const VirtualDevice virtual_device_;
   std::mutex mu_;

@@ -58,8 +58,8 @@ std::vector<std::string> ClientTlsFlags() {
   return {"--tls-ca", pki.ca, "--token-file", pki.submit_token};
 }
 
-Cluster::Cluster(int workers, std::vector<std::string> coordinator_flags)
-    : dir_(MakeTempDir()), coordinator_flags_(std::move(coordinator_flags)) {
+Cluster::Cluster(int workers, std::vector<std::string> coordinator_flags, bool tls)
+    : dir_(MakeTempDir()), coordinator_flags_(std::move(coordinator_flags)), tls_(tls) {
   StartCoordinator();
   if (address_.empty()) return;
   for (int i = 0; i < workers; ++i) AddWorker();
@@ -94,7 +94,10 @@ void Cluster::StartCoordinator() {
                                    "--metrics-address-file",
                                    metrics_file};
   argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
-  for (const std::string& flag : CoordinatorTlsFlags()) argv.push_back(flag);
+  for (const std::string& flag :
+       tls_ ? CoordinatorTlsFlags() : std::vector<std::string>{"--insecure"}) {
+    argv.push_back(flag);
+  }
   argv.insert(argv.begin(), coordinator_wrapper_.begin(), coordinator_wrapper_.end());
   coordinator_ = std::make_unique<Process>(
       argv, absl::StrCat(dir_, "/coordinator-", ++coordinator_starts_, ".log"));
@@ -122,13 +125,17 @@ void Cluster::AddWorker() {
                                    "4",
                                    "--metrics-listen",
                                    "127.0.0.1:0"};
-  for (const std::string& flag : WorkerTlsFlags()) argv.push_back(flag);
+  for (const std::string& flag : tls_ ? WorkerTlsFlags() : std::vector<std::string>{"--insecure"}) {
+    argv.push_back(flag);
+  }
   workers_.push_back(std::make_unique<Process>(argv, absl::StrCat(dir_, "/worker-", i, ".log")));
 }
 
 CommandResult Cluster::Ctl(const std::vector<std::string>& args, double timeout_seconds) {
   std::vector<std::string> argv = {BinDir() + "/pipemarectl", "--coordinator", address_};
-  for (const std::string& flag : ClientTlsFlags()) argv.push_back(flag);
+  for (const std::string& flag : tls_ ? ClientTlsFlags() : std::vector<std::string>{"--insecure"}) {
+    argv.push_back(flag);
+  }
   argv.insert(argv.end(), args.begin(), args.end());
   return Run(argv, timeout_seconds);
 }

@@ -28,8 +28,9 @@ std::vector<std::string> ClientTlsFlags();
 class Cluster {
  public:
   // Starts the coordinator (and `workers` workers) and waits until all are
-  // registered and IDLE. Check ok() after constructing.
-  explicit Cluster(int workers, std::vector<std::string> coordinator_flags = {});
+  // registered and IDLE. Check ok() after constructing. `tls` false: every
+  // process runs plaintext (--insecure), as schedule.transport gloo needs.
+  explicit Cluster(int workers, std::vector<std::string> coordinator_flags = {}, bool tls = true);
   ~Cluster();
 
   bool ok() const { return ok_; }
@@ -74,6 +75,7 @@ class Cluster {
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
   bool ok_ = false;
+  bool tls_ = true;
   int coordinator_starts_ = 0;
 };
 
