@@ -13,7 +13,8 @@
 # "momentum" is SGD with momentum 0.9; "plain" is SGD without momentum.
 # A schedule written SCHEDULE.sc runs SCHEDULE with
 # schedule.spike_compensation: true, SCHEDULE.lwp with weight_prediction: true
-# (and T2 off), SCHEDULE.sc.lwp with both (e.g. async.sc.lwp).
+# (and T2 off), SCHEDULE.sc.lwp with both (e.g. async.sc.lwp), SCHEDULE.dc
+# with delay_compensation: 2 (SCHEDULE.dc0p5: λ0 = 0.5).
 #
 # For each run it writes OUT_DIR/NAME.status.json (the final job status),
 # OUT_DIR/NAME.curve (step and training loss, polled from the job while it
@@ -60,6 +61,10 @@ for p in $PS; do
             sc) extra="$extra, spike_compensation: true" ;;
             # Prediction and T2 pull in opposite directions: one or the other.
             lwp) extra="${extra/, discrepancy_decay: 0.1/}, weight_prediction: true" ;;
+            # Delay compensation (DC-ASGD) with λ0 = 2, or .dcX with λ0 = X
+            # (p for the decimal point: .dc0p5 is 0.5).
+            dc) extra="$extra, delay_compensation: 2" ;;
+            dc[0-9]*) lambda=${option#dc}; extra="$extra, delay_compensation: ${lambda/p/.}" ;;
             *) echo "convergence.sh: unknown option .$option in $schedule" >&2; exit 2 ;;
           esac
         done

@@ -9,6 +9,9 @@
 //   lwp   linear weight prediction: the gradient is computed at
 //         ŵ = w − τ·α·v (PredictedWeights) instead of w
 //   sc+lwp both
+//   dc    delay compensation (DC-ASGD, adaptive): the arriving gradient is
+//         DelayCompensatedGradient(g, τ·δ, ms, λ0), δ T2's velocity of w
+//         (D = 0.1), ms the running mean square of g; --dc-lambda λ0
 // τ = 0 is plain momentum SGD (the synchronous reference). Prints one CSV line
 // per run: tau,correction,test_accuracy,final_train_loss,diverged.
 //
@@ -55,10 +58,11 @@ std::vector<int> ParseList(const std::string& flag, const std::string& text) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_delay_tolerance: momentum SGD with an injected gradient delay"};
-  std::string data = "data/mnist", taus_flag = "0,1,2,4,8", corrections_flag = "none,sc,lwp,sc+lwp";
+  std::string data = "data/mnist", taus_flag = "0,1,2,4,8",
+              corrections_flag = "none,sc,lwp,sc+lwp,dc";
   int depth = 8, width = 128, epochs = 1;
   int64_t microbatch = 64, train_limit = 12800, test_limit = 2000, seed = 1;
-  double lr = 0.05, momentum = 0.9;
+  double lr = 0.05, momentum = 0.9, dc_lambda = 2;
   app.add_option("--data", data, "MNIST directory");
   app.add_option("--taus", taus_flag, "delays in steps, comma-separated");
   app.add_option("--corrections", corrections_flag, "none, sc, lwp, sc+lwp, comma-separated");
@@ -72,6 +76,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed);
   app.add_option("--lr", lr, "base rate, cosine to 0 over the run")->check(CLI::PositiveNumber);
   app.add_option("--momentum", momentum)->check(CLI::Range(0.0, 0.999));
+  app.add_option("--dc-lambda", dc_lambda, "DC-ASGD's λ0")->check(CLI::PositiveNumber);
   std::vector<int> taus;
   std::vector<std::string> corrections;
   try {
@@ -79,8 +84,9 @@ int main(int argc, char** argv) {
     taus = ParseList("--taus", taus_flag);
     std::stringstream in(corrections_flag);
     for (std::string c; std::getline(in, c, ',');) {
-      if (c != "none" && c != "sc" && c != "lwp" && c != "sc+lwp") {
-        throw CLI::ValidationError("--corrections", "'" + c + "': allowed none, sc, lwp, sc+lwp");
+      if (c != "none" && c != "sc" && c != "lwp" && c != "sc+lwp" && c != "dc") {
+        throw CLI::ValidationError("--corrections",
+                                   "'" + c + "': allowed none, sc, lwp, sc+lwp, dc");
       }
       corrections.push_back(c);
     }
@@ -119,6 +125,7 @@ int main(int argc, char** argv) {
     for (const std::string& correction : corrections) {
       const bool sc = correction.find("sc") != std::string::npos;
       const bool lwp = correction.find("lwp") != std::string::npos;
+      const bool dc = correction == "dc" && tau > 0;
       auto net = pipemare::bench::BuildMlp(model, seed);
       if (!net.ok()) {
         std::cerr << "error: " << net.status().message() << std::endl;
@@ -128,6 +135,11 @@ int main(int argc, char** argv) {
       std::vector<torch::Tensor> params = mlp->parameters();
       std::vector<torch::Tensor> v;  // momentum; empty until the first update
       for (const auto& p : params) v.push_back(torch::zeros_like(p));
+      std::vector<torch::Tensor> delta, ms;  // DC: T2's velocity of w, mean square of g
+      if (dc) {
+        for (const auto& p : params) delta.push_back(torch::zeros_like(p));
+      }
+      const double gamma = pipemare::T2Gamma(0.1, tau);
       bool any_update = false;
       const pipemare::SpikeCoefficients c =
           sc ? pipemare::SpikeCompensation(momentum, tau) : pipemare::SpikeCoefficients{};
@@ -176,8 +188,17 @@ int main(int argc, char** argv) {
           alpha = pipemare::BaseLearningRate(schedule, k);
           torch::NoGradGuard no_grad;
           for (size_t j = 0; j < params.size(); ++j) {
-            v[j] = any_update ? momentum * v[j] + arrived[j] : arrived[j].clone();
-            params[j].sub_(alpha * pipemare::SpikeCompensatedDirection(v[j], arrived[j], c));
+            torch::Tensor g = arrived[j];
+            if (dc) {
+              const double beta = pipemare::DcMeanSquareDecay();
+              if (ms.size() <= j) ms.push_back(g * g);
+              ms[j].mul_(beta).addcmul_(g, g, 1 - beta);
+              g = pipemare::DelayCompensatedGradient(g, tau * delta[j], ms[j], dc_lambda);
+            }
+            v[j] = any_update ? momentum * v[j] + g : g.clone();
+            const torch::Tensor before = dc ? params[j].detach().clone() : torch::Tensor();
+            params[j].sub_(alpha * pipemare::SpikeCompensatedDirection(v[j], g, c));
+            if (dc) pipemare::T2VelocityInPlace(delta[j], params[j].detach(), before, gamma);
           }
           any_update = true;
           ++k;

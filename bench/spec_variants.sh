@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One job spec under several schedule variants, one after the other on one
 # local cluster (one coordinator, P workers): each variant is
-# TYPE[.sc][.lwp][.not2] (the schedule type; .sc spike compensation, .lwp
-# weight prediction, .not2 T2 off; .lwp implies .not2). Prints a Markdown row
+# TYPE[.sc][.lwp][.not2][.dc[X]][.wE] (the schedule type; .sc spike
+# compensation, .lwp weight prediction, .not2 T2 off, .lwp implies .not2;
+# .dc delay compensation with λ0 = 2, .dcX with λ0 = X (.dc0p5: 0.5); .wE a synchronous
+# warm-up of E epochs). Prints a Markdown row
 # per variant with each epoch's test metric (perplexity for language models,
 # accuracy otherwise) and seconds per epoch.
 #   bench/spec_variants.sh SPEC VARIANT...
@@ -33,6 +35,10 @@ for option in parts[1:]:
         s.pop("discrepancy_decay", None)
         if option == "lwp":
             s["weight_prediction"] = True
+    elif option.startswith("dc"):
+        s["delay_compensation"] = float(option[2:].replace("p", ".") or 2)
+    elif option.startswith("w") and option[1:].isdigit():
+        s["warmup_epochs"] = int(option[1:])
     else:
         sys.exit(f"spec_variants.sh: unknown option .{option} in {sys.argv[2]}")
 if sys.argv[3]:

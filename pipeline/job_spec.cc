@@ -666,6 +666,16 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                  "forward's; unset discrepancy_decay or set this false");
     }
   }
+  if (!std::isfinite(s.delay_compensation()) || s.delay_compensation() < 0 ||
+      s.delay_compensation() > 100) {
+    return Bad("schedule.delay_compensation",
+               "is DC-ASGD's λ0: a number in [0, 100] (0 = off; Zheng et al. use 0.04 to 2)");
+  }
+  if (s.delay_compensation() > 0 && s.weight_prediction()) {
+    return Bad("schedule.delay_compensation",
+               "corrects a gradient for the weights having moved since its forward, which "
+               "weight_prediction already anticipates: set one of them");
+  }
   if (s.spike_compensation()) {
     const v1::OptimizerSpec& o = spec.optimizer();
     if (!o.type().empty() && o.type() != "sgd") {

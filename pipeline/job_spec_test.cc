@@ -697,6 +697,34 @@ TEST(JobSpecValidateTest, SpikeCompensationNeedsPlainSgdAndReachesEveryStage) {
   for (const auto& a : *stages) EXPECT_TRUE(a.schedule().spike_compensation());
 }
 
+TEST(JobSpecValidateTest, DelayCompensationIsALambdaAndNotWithPrediction) {
+  for (double bad : {-0.5, 101.0}) {
+    ExpectInvalid(ValidateMutated(
+                      [bad](v1::JobSpec& s) { s.mutable_schedule()->set_delay_compensation(bad); }),
+                  "schedule.delay_compensation", "[0, 100]");
+  }
+  ExpectInvalid(
+      ValidateMutated([](v1::JobSpec& s) {
+        s.mutable_schedule()->set_delay_compensation(std::numeric_limits<double>::quiet_NaN());
+      }),
+      "schedule.delay_compensation", "finite");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_type("async");
+                  s.mutable_schedule()->set_delay_compensation(2);
+                  s.mutable_schedule()->set_weight_prediction(true);
+                  s.mutable_optimizer()->set_momentum(0.9);
+                }),
+                "schedule.delay_compensation", "weight_prediction");
+  auto spec = ParseJobSpec(
+      "name: n\nmodel: {type: mlp, layers: [4, 3, 2]}\ndata: {type: mnist, path: d}\n"
+      "optimizer: {type: adam, lr: 0.001}\n"
+      "schedule: {type: async, stages: 2, delay_compensation: 0.5}\ntrain: {epochs: 1}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto stages = ResolveStageAssignments(*spec, "j", 4, nullptr);
+  ASSERT_TRUE(stages.ok()) << stages.status();
+  for (const auto& a : *stages) EXPECT_EQ(a.schedule().delay_compensation(), 0.5);
+}
+
 TEST(JobSpecValidateTest, OnNonFiniteIsFailOrSkipAndReachesEveryStage) {
   ExpectInvalid(
       ValidateMutated([](v1::JobSpec& s) { s.mutable_train()->set_on_nonfinite("ignore"); }),

@@ -109,6 +109,24 @@ T SpikeCompensatedDirection(const T& v, const T& g, const SpikeCoefficients& c) 
   return c.a * v + c.b * g;
 }
 
+// Delay compensation (DC-ASGD, Zheng et al., "Asynchronous Stochastic
+// Gradient Descent with Delay Compensation", ICML 2017, arXiv 1609.08326),
+// adaptive form: a gradient g computed at the forward's weights w_fwd and
+// applied at w_now is corrected by the first-order Taylor term, with the
+// Hessian approximated by λ·g⊙g:
+//   g̃ = g + λ ⊙ g ⊙ g ⊙ (w_now − w_fwd),   λ = λ0 / (√ms + ε)
+// where ms is the running mean square of g (Adam's v̂; for SGD the stage's
+// own, β = DcMeanSquareDecay()). The displacement is not stored: it is
+// τ_i·δ_i, T2's velocity times the delay (T2BackwardWeights' correction).
+template <typename T>
+T DelayCompensatedGradient(const T& g, const T& displacement, const T& mean_square, double lambda0,
+                           double eps = 1e-7) {
+  using std::sqrt;  // and at::sqrt for tensors, by argument-dependent lookup
+  return g + (lambda0 / (sqrt(mean_square) + eps)) * g * g * displacement;
+}
+// ms ← β·ms + (1 − β)·g², β as in Zheng et al.
+inline double DcMeanSquareDecay() { return 0.95; }
+
 }  // namespace pipemare
 
 #endif  // PIPEMARE_PIPELINE_PIPEMARE_MATH_H_

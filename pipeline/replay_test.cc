@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <string>
+
 #include "pipeline/harness.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/lr_schedule.h"
@@ -41,6 +43,10 @@ namespace {
 //   t ≥ 1 runs at ŵ = w_t − τ_i·α_t·v_t instead: v_t the momentum after t
 //   steps, α_t the rate of the step that made version t; pipedream's
 //   backward then differentiates at that ŵ (the weights its forward used).
+//   With schedule.delay_compensation λ0 (by hand too), after the warm-up
+//   the summed gradient becomes g + λ0/(√ms + ε)·g·g·τ_i·δ before the step,
+//   ms ← 0.95·ms + 0.05·g² from ms = g² at the first, δ following the
+//   weights as T2's does (D = schedule.discrepancy_decay, 0.1 unset).
 struct ReplayStage {
   torch::nn::Sequential module;
   std::unique_ptr<torch::optim::SGD> sgd;
@@ -48,6 +54,7 @@ struct ReplayStage {
   std::vector<torch::Tensor> velocity;                        // T2's δ
   std::vector<torch::Tensor> grad_sum;                        // this step's accumulated gradient
   std::vector<torch::Tensor> momentum;                        // v, when stepping by hand
+  std::vector<torch::Tensor> mean_square;                     // delay compensation's ms
   std::vector<std::vector<torch::Tensor>> momentum_versions;  // v after 0, 1, ... steps
   std::vector<double> lr_versions;                            // α of the step that made each
   int tau = 0;
@@ -72,7 +79,11 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
   const bool t2 = type == "pipemare" && s.has_discrepancy_decay() && s.discrepancy_decay() >= 0;
   const bool spike = async && s.spike_compensation();
   const bool predict = async && s.weight_prediction();
-  const bool by_hand = spike || predict;
+  const double dc = async ? s.delay_compensation() : 0;
+  const bool by_hand = spike || predict || dc > 0;
+  const bool velocity = t2 || dc > 0;
+  const double D =
+      s.has_discrepancy_decay() && s.discrepancy_decay() >= 0 ? s.discrepancy_decay() : 0.1;
   const LrSchedule alpha = LrScheduleFromSpec(spec.optimizer(), steps * spec.train().epochs());
   auto ranges = *PartitionUniform(static_cast<int>(spec.model().layers_size()) - 1, P);
 
@@ -170,8 +181,15 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
             k < W || !spike ? SpikeCoefficients{} : SpikeCompensation(m_, st.tau);
         torch::NoGradGuard no_grad;
         for (size_t j = 0; j < params.size(); ++j) {
-          const torch::Tensor g =
-              params[j].grad() + spec.optimizer().weight_decay() * params[j].detach();
+          torch::Tensor loss_grad = params[j].grad();
+          if (dc > 0 && k >= W && st.tau > 0) {
+            const torch::Tensor g2 = loss_grad * loss_grad;
+            if (st.mean_square.size() <= j) st.mean_square.push_back(g2.clone());
+            st.mean_square[j] = 0.95 * st.mean_square[j] + 0.05 * g2;
+            loss_grad =
+                loss_grad + dc / (st.mean_square[j].sqrt() + 1e-7) * g2 * (st.tau * st.velocity[j]);
+          }
+          const torch::Tensor g = loss_grad + spec.optimizer().weight_decay() * params[j].detach();
           if (st.momentum.size() <= j) {
             st.momentum.push_back(g.clone());
           } else {
@@ -190,9 +208,9 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
       }
       for (size_t j = 0; j < params.size(); ++j) {
         w.push_back(params[j].detach().clone());
-        if (t2) {
-          st.velocity[j] = T2Velocity(st.velocity[j], w[j], st.versions.back()[j],
-                                      T2Gamma(s.discrepancy_decay(), st.tau));
+        if (velocity) {
+          st.velocity[j] =
+              T2Velocity(st.velocity[j], w[j], st.versions.back()[j], T2Gamma(D, st.tau));
         }
       }
       st.versions.push_back(w);
@@ -370,6 +388,36 @@ TEST(ExactnessTest, WeightPredictionEqualsItsReplayAloneAndWithSpikeCompensation
   ExpectHarnessEqualsReplay(warm);
 }
 
+TEST(ExactnessTest, DelayCompensationEqualsItsReplayAloneAndWithSpikeCompensation) {
+  for (const char* type : {"async", "pipedream", "pipemare"}) {
+    for (int N : {1, 2}) {
+      for (bool spike : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << type << " N=" << N << " spike " << spike);
+        v1::JobSpec spec = Spec(type, 5, N);
+        spec.mutable_schedule()->set_delay_compensation(2);
+        spec.mutable_schedule()->set_spike_compensation(spike);
+        spec.mutable_optimizer()->set_weight_decay(0.01);
+        ExpectHarnessEqualsReplay(spec);
+      }
+    }
+  }
+  // The correction is not negligible here: it moves the result well past the
+  // tolerance.
+  {
+    v1::JobSpec on = Spec("async", 5, 1), off = Spec("async", 5, 1);
+    on.mutable_schedule()->set_delay_compensation(2);
+    const Data d = MakeData(kSteps);
+    const auto a = Flatten(Replay(on, kSteps, d.inputs, d.targets));
+    const auto b = Flatten(Replay(off, kSteps, d.inputs, d.targets));
+    EXPECT_GT((a[0] - b[0]).abs().max().item<double>(), 1e-4);
+  }
+  v1::JobSpec warm = Spec("async", 5, 1);
+  warm.mutable_schedule()->clear_discrepancy_decay();  // δ with D = 0.1
+  warm.mutable_schedule()->set_delay_compensation(0.5);
+  warm.mutable_schedule()->set_warmup_steps(4);
+  ExpectHarnessEqualsReplay(warm);
+}
+
 TEST(ExactnessTest, PipeMareWithWarmupEqualsItsReplay) {
   v1::JobSpec spec = Spec("pipemare", 5, 1);
   spec.mutable_schedule()->set_warmup_steps(4);
@@ -469,6 +517,32 @@ TEST(ResumeTest, AsynchronousSchedulesResumeWithinToleranceAtTheFirstStepAfterTh
       EXPECT_NEAR(r.resumed[0], r.uninterrupted[0], 1e-3 * std::abs(r.uninterrupted[0]));
     }
   }
+}
+
+TEST(ResumeTest, DelayCompensationsStateIsInTheCutAndResumes) {
+  v1::JobSpec spec = Spec("async", 5, 2);  // as the resume test above
+  spec.mutable_schedule()->set_delay_compensation(2);
+  spec.mutable_optimizer()->set_lr(0.02);
+  spec.mutable_checkpoint()->set_every_steps(5);
+  const Data d = MakeData(kSteps * 2);
+  auto h = PipelineHarness::Create(spec, kSteps, torch::kFloat64);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE((*h)->TrainEpoch(d.inputs, d.targets).ok());
+  // Units 0..3 sit on stages with τ > 0 (P = 5, one unit each): δ and ms.
+  for (const UnitState& u : (*h)->Cut(5)) {
+    size_t params = 0, velocity = 0, mean_square = 0;
+    for (const auto& [key, tensor] : u.tensors) {
+      params += key.rfind("param/", 0) == 0;
+      velocity += key.rfind("t2/", 0) == 0;
+      mean_square += key.rfind("dc/", 0) == 0;
+    }
+    EXPECT_GT(params, 0u);
+    EXPECT_EQ(velocity, u.unit < 4 ? params : 0) << "unit " << u.unit;
+    EXPECT_EQ(mean_square, u.unit < 4 ? params : 0) << "unit " << u.unit;
+  }
+  Resumed r = ResumeAt(spec, 5, 5);
+  ASSERT_FALSE(r.resumed.empty());
+  EXPECT_NEAR(r.resumed[0], r.uninterrupted[0], 1e-3 * std::abs(r.uninterrupted[0]));
 }
 
 TEST(ResumeTest, ACutLoadsIntoAnotherNumberOfStages) {

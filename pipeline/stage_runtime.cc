@@ -154,11 +154,18 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       warmup_steps_(IsAsynchronous(kind) ? std::max<int64_t>(a.warmup_steps(), 0) : 0),
       t2_enabled_(kind == ScheduleKind::kPipeMare && a.schedule().has_discrepancy_decay() &&
                   a.schedule().discrepancy_decay() >= 0 && tau_ >= 1),
-      t2_gamma_(T2Gamma(a.schedule().discrepancy_decay(), tau_)),
+      // D for T2, and for the δ that delay compensation keeps (0.1 unset).
+      t2_gamma_(
+          T2Gamma(a.schedule().has_discrepancy_decay() && a.schedule().discrepancy_decay() >= 0
+                      ? a.schedule().discrepancy_decay()
+                      : 0.1,
+                  tau_)),
       spike_enabled_(a.schedule().spike_compensation() && tau_ > 0 &&
                      (a.optimizer().type().empty() || a.optimizer().type() == "sgd")),
       spike_(SpikeCompensation(a.optimizer().momentum(), tau_)),
       predict_enabled_(a.schedule().weight_prediction() && tau_ > 0),
+      dc_enabled_(a.schedule().delay_compensation() > 0 && tau_ > 0),
+      dc_lambda_(a.schedule().delay_compensation()),
       stashing_(kind == ScheduleKind::kPipeDream && tau_ > 0),
       device_(device),
       first_unit_(a.first_unit()),
@@ -169,7 +176,7 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
   int64_t params = 0;
   for (const auto& p : module_->parameters()) {
     params += p.numel();
-    if (t2_enabled_) velocity_.push_back(torch::zeros_like(p));
+    if (TracksVelocity()) velocity_.push_back(torch::zeros_like(p));
   }
   stats_.parameters = params;
   stats_.analytic_delay = tau_;
@@ -190,6 +197,7 @@ void StageRuntime::UpdateMemoryLocked() {
   for (const auto& p : module_->parameters()) m.weights += Bytes(p);
   for (const auto& b : module_->buffers()) m.weights += Bytes(b);
   for (const auto& v : velocity_) m.t2_velocity += Bytes(v);
+  for (const auto& v : dc_mean_square_) m.optimizer_state += Bytes(v);
   for (const auto& kv : optimizer_->state()) {
     const torch::optim::OptimizerParamState* s = kv.second.get();
     if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
@@ -592,8 +600,9 @@ absl::Status StageRuntime::Step() {
   double grad_norm = 0;
   if (!virtual_.enabled) {
     // Spike compensation from the switch on, like T1 (no delay before it).
-    absl::Status st = Guard(absl::StrCat("stage ", stage_, " optimizer step").c_str(),
-                            [&] { grad_norm = ApplyGradients(lr, spike_enabled_ && !warmup); });
+    absl::Status st = Guard(absl::StrCat("stage ", stage_, " optimizer step").c_str(), [&] {
+      grad_norm = ApplyGradients(lr, spike_enabled_ && !warmup, dc_enabled_ && !warmup);
+    });
     if (!st.ok()) return st;
   }
   std::lock_guard<std::mutex> lock(stats_mu_);
@@ -614,12 +623,52 @@ absl::Status StageRuntime::Step() {
   return absl::OkStatus();
 }
 
-double StageRuntime::ApplyGradients(double lr, bool compensate) {
+void StageRuntime::CompensateDelay() {
+  torch::NoGradGuard no_grad;
+  auto params = module_->parameters();
+  const auto& state = optimizer_->state();
+  const bool sgd = dynamic_cast<torch::optim::SGD*>(optimizer_.get()) != nullptr;
+  if (sgd && dc_mean_square_.empty()) dc_mean_square_.resize(params.size());
+  for (size_t j = 0; j < params.size(); ++j) {
+    torch::Tensor g = params[j].grad();
+    if (!g.defined()) continue;
+    torch::Tensor ms;  // the running mean square of g
+    if (sgd) {
+      // It starts at the first g², then ms ← β·ms + (1 − β)·g².
+      torch::Tensor& own = dc_mean_square_[j];
+      if (!own.defined()) own = g * g;
+      const double beta = DcMeanSquareDecay();
+      own.mul_(beta).addcmul_(g, g, 1 - beta);
+      ms = own;
+    } else {
+      // Adam's v̂ before this step (g² before its first).
+      auto it = state.find(OptimizerStateKey(state, params[j]));
+      ms = g * g;
+      if (it != state.end()) {
+        const torch::optim::OptimizerParamState* s = it->second.get();
+        const auto& options = optimizer_->param_groups()[0].options();
+        if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+          const double beta2 =
+              std::get<1>(static_cast<const torch::optim::AdamOptions&>(options).betas());
+          ms = adam->exp_avg_sq() / (1 - std::pow(beta2, static_cast<double>(adam->step())));
+        } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+          const double beta2 =
+              std::get<1>(static_cast<const torch::optim::AdamWOptions&>(options).betas());
+          ms = adamw->exp_avg_sq() / (1 - std::pow(beta2, static_cast<double>(adamw->step())));
+        }
+      }
+    }
+    g.copy_(DelayCompensatedGradient(g, static_cast<double>(tau_) * velocity_[j], ms, dc_lambda_));
+  }
+}
+
+double StageRuntime::ApplyGradients(double lr, bool compensate, bool compensate_delay) {
   auto params = module_->parameters();
   double grad_norm = 0;
   if (grad_clip_norm_ > 0) grad_norm = torch::nn::utils::clip_grad_norm_(params, grad_clip_norm_);
+  if (compensate_delay) CompensateDelay();
   std::vector<torch::Tensor> w_t;
-  if (t2_enabled_) {
+  if (TracksVelocity()) {
     for (const auto& p : params) w_t.push_back(p.detach().clone());
   }
   // Spike compensation: g as the optimizer takes it (weight decay added),
@@ -655,17 +704,19 @@ double StageRuntime::ApplyGradients(double lr, bool compensate) {
       w.sub_(SpikeCompensatedDirection(v, g[j], spike_) - v, lr);
     }
   }
-  if (t2_enabled_) {
+  if (TracksVelocity()) {
     torch::NoGradGuard no_grad;
     double sq = 0;
     for (size_t j = 0; j < params.size(); ++j) {
       T2VelocityInPlace(velocity_[j], params[j].detach(), w_t[j], t2_gamma_);
-      const double norm = velocity_[j].norm().item<double>();
-      sq += norm * norm;
+      if (t2_enabled_) {
+        const double norm = velocity_[j].norm().item<double>();
+        sq += norm * norm;
+      }
     }
     // ||u_bkwd - w_t|| = τ_i ||δ||, fixed until the next step: once per step,
     // not per backward.
-    t2_correction_norm_ = tau_ * std::sqrt(sq);
+    if (t2_enabled_) t2_correction_norm_ = tau_ * std::sqrt(sq);
   }
   return grad_norm;
 }
@@ -699,9 +750,10 @@ StageSnapshot StageRuntime::Snapshot() const {
     for (const auto& p : child->named_parameters()) {
       const std::string& name = p.key();
       unit.tensors.emplace_back("param/" + name, host(p.value()));
-      if (t2_enabled_) {
-        unit.tensors.emplace_back("t2/" + name,
-                                  host(velocity_[index.at(p.value().unsafeGetTensorImpl())]));
+      const size_t j = index.at(p.value().unsafeGetTensorImpl());
+      if (TracksVelocity()) unit.tensors.emplace_back("t2/" + name, host(velocity_[j]));
+      if (j < dc_mean_square_.size() && dc_mean_square_[j].defined()) {
+        unit.tensors.emplace_back("dc/" + name, host(dc_mean_square_[j]));
       }
       auto it = state.find(OptimizerStateKey(state, p.value()));
       if (it == state.end()) continue;
@@ -771,10 +823,19 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
         torch::Tensor w = take("param/" + name, p.value());
         if (!w.defined()) throw std::invalid_argument(absl::StrCat("unit ", u, " has no ", name));
         p.value().copy_(w);
-        if (t2_enabled_) {
+        const size_t j = index.at(p.value().unsafeGetTensorImpl());
+        if (TracksVelocity()) {
           torch::Tensor v = take("t2/" + name, p.value());
           // A checkpoint taken without T2 (another schedule or τ): δ starts at 0.
-          if (v.defined()) velocity_[index.at(p.value().unsafeGetTensorImpl())].copy_(v);
+          if (v.defined()) velocity_[j].copy_(v);
+        }
+        if (dc_enabled_ && dynamic_cast<torch::optim::SGD*>(optimizer_.get()) != nullptr) {
+          // Absent: delay compensation was off, ms starts at the next g².
+          torch::Tensor ms = take("dc/" + name, p.value());
+          if (ms.defined()) {
+            dc_mean_square_.resize(params.size());
+            dc_mean_square_[j] = ms.clone();
+          }
         }
         const std::string prefix = "optim/" + name + "/";
         if (dynamic_cast<torch::optim::SGD*>(optimizer_.get()) != nullptr) {

@@ -221,7 +221,7 @@ class StageRuntime {
   // the optimizer at rate `lr` (spike compensation after it, when
   // `compensate`), T2's velocity. Returns the gradient norm before clipping
   // (0 without clipping).
-  double ApplyGradients(double lr, bool compensate);
+  double ApplyGradients(double lr, bool compensate, bool compensate_delay);
   // The virtual device's backward: the wait, and a shared zero input
   // gradient (undefined on the first stage).
   torch::Tensor VirtualBackward(const Saved& saved);
@@ -242,6 +242,11 @@ class StageRuntime {
   const SpikeCoefficients spike_;
   // schedule.weight_prediction on a stage with τ_i > 0.
   const bool predict_enabled_;
+  // schedule.delay_compensation (DC-ASGD's λ0) on a stage with τ_i > 0.
+  const bool dc_enabled_;
+  const double dc_lambda_;
+  // δ is kept for T2 and for delay compensation (its displacement τ_i·δ).
+  bool TracksVelocity() const { return t2_enabled_ || dc_enabled_; }
   // Linear weight prediction: ŵ = w − τ_i·α·d for each parameter, d the
   // optimizer's current direction, α the last step's rate; empty while no
   // step has made a direction (or during a T3 warm-up).
@@ -261,7 +266,12 @@ class StageRuntime {
   torch::nn::Sequential module_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> velocity_;  // T2's δ, one per parameter
-  double t2_correction_norm_ = 0;        // τ_i ||δ||, updated at each step
+  // Delay compensation with sgd: the running mean square of g, one per
+  // parameter (empty until its first compensated step; adam uses its v̂).
+  std::vector<torch::Tensor> dc_mean_square_;
+  // g ← DelayCompensatedGradient(g, τ_i·δ, ms, λ0) for every gradient.
+  void CompensateDelay();
+  double t2_correction_norm_ = 0;  // τ_i ||δ||, updated at each step
   std::map<uint64_t, Saved> saved_;
   std::map<int64_t, Stash> stash_;  // by weight version; pipedream only
   int backwards_since_step_ = 0;
