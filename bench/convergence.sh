@@ -9,7 +9,9 @@
 # SCHEDULES="gpipe pipemare pipedream async", EPOCHS=2, TRAIN_LIMIT=20000,
 # TEST_LIMIT=5000, WIDTH=128, LR_MOMENTUM=0.05, LR_PLAIN=0.2, WARMUP_EPOCHS=0
 # (T3: that many synchronous epochs first; the asynchronous schedules only,
-# and runs are then named with a "-wN" suffix).
+# and runs are then named with a "-wN" suffix), SEED=1 (weights and shuffling;
+# another seed adds "-sS" to the names), ANNEAL_EPOCHS=1 (T1's K in epochs;
+# another adds "-kK" to pipemare's names).
 # "momentum" is SGD with momentum 0.9; "plain" is SGD without momentum.
 # A schedule written SCHEDULE.sc runs SCHEDULE with
 # schedule.spike_compensation: true, SCHEDULE.lwp with weight_prediction: true
@@ -37,6 +39,8 @@ WIDTH=${WIDTH:-128}
 LR_MOMENTUM=${LR_MOMENTUM:-0.05}
 LR_PLAIN=${LR_PLAIN:-0.2}
 WARMUP_EPOCHS=${WARMUP_EPOCHS:-0}
+SEED=${SEED:-1}
+ANNEAL_EPOCHS=${ANNEAL_EPOCHS:-1}
 mkdir -p "$out"
 max_p=0
 for p in $PS; do [ "$p" -gt "$max_p" ] && max_p=$p; done
@@ -72,14 +76,16 @@ for p in $PS; do
           extra="$extra, warmup_epochs: $WARMUP_EPOCHS"
           name="$name-w$WARMUP_EPOCHS"
         fi
+        [ "$ANNEAL_EPOCHS" = 1 ] || [ "$type" != pipemare ] || name="$name-k$ANNEAL_EPOCHS"
+        [ "$SEED" = 1 ] || name="$name-s$SEED"
         cat >"$work/spec.yaml" <<EOF
 name: $name
 model: {type: mlp, layers: $(mlp_layers "$p" "$WIDTH"), activation: relu, init: he}
 data: {type: mnist, path: data/mnist, train_limit: $TRAIN_LIMIT, test_limit: $TEST_LIMIT}
 optimizer: $optimizer
 schedule: {type: $type, stages: $p, microbatch_size: 64, microbatches_per_step: $n,
-           lr_anneal_epochs: 1$extra}
-train: {epochs: $EPOCHS, seed: 1}
+           lr_anneal_epochs: $ANNEAL_EPOCHS$extra}
+train: {epochs: $EPOCHS, seed: $SEED}
 EOF
         id=$(ctl submit "$work/spec.yaml" --output json |
           python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')

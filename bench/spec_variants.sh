@@ -4,7 +4,7 @@
 # TYPE[.sc][.lwp][.not2][.dc[X]][.wE] (the schedule type; .sc spike
 # compensation, .lwp weight prediction, .not2 T2 off, .lwp implies .not2;
 # .dc delay compensation with λ0 = 2, .dcX with λ0 = X (.dc0p5: 0.5); .wE a synchronous
-# warm-up of E epochs). Prints a Markdown row
+# warm-up of E epochs, .nK K microbatches per step, .mbB microbatches of B). Prints a Markdown row
 # per variant with each epoch's test metric (perplexity for language models,
 # accuracy otherwise) and seconds per epoch.
 #   bench/spec_variants.sh SPEC VARIANT...
@@ -39,6 +39,10 @@ for option in parts[1:]:
         s["delay_compensation"] = float(option[2:].replace("p", ".") or 2)
     elif option.startswith("w") and option[1:].isdigit():
         s["warmup_epochs"] = int(option[1:])
+    elif option.startswith("n") and option[1:].isdigit():
+        s["microbatches_per_step"] = int(option[1:])
+    elif option.startswith("mb") and option[2:].isdigit():
+        s["microbatch_size"] = int(option[2:])
     else:
         sys.exit(f"spec_variants.sh: unknown option .{option} in {sys.argv[2]}")
 if sys.argv[3]:

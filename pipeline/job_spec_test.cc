@@ -782,7 +782,8 @@ namespace {
 // The shipped examples are valid specs (the README's main job runs one).
 TEST(JobSpecExamplesTest, ShippedExamplesValidate) {
   for (const char* name :
-       {"mnist_pipemare.yaml", "mnist_gpipe.yaml", "fashion_mnist_pipemare.yaml"}) {
+       {"mnist_pipemare.yaml", "mnist_gpipe.yaml", "fashion_mnist_pipemare.yaml",
+        "mnist_fine_momentum.yaml", "resnet20_fashion_mnist.yaml", "transformer_lm_fortunes.yaml"}) {
     auto spec = LoadJobSpecFile(std::string(PIPEMARE_EXAMPLES_DIR) + "/" + name);
     ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
     ApplyJobSpecDefaults(*spec);
