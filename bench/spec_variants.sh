@@ -4,12 +4,15 @@
 # TYPE[.sc][.lwp][.not2][.dc[X]][.wE] (the schedule type; .sc spike
 # compensation, .lwp weight prediction, .not2 T2 off, .lwp implies .not2;
 # .dc delay compensation with λ0 = 2, .dcX with λ0 = X (.dc0p5: 0.5); .wE a synchronous
-# warm-up of E epochs, .nK K microbatches per step, .mbB microbatches of B). Prints a Markdown row
+# warm-up of E epochs, .nK K microbatches per step, .mbB microbatches of B,
+# .sS train.seed S). Prints a Markdown row
 # per variant with each epoch's test metric (perplexity for language models,
 # accuracy otherwise) and seconds per epoch.
 #   bench/spec_variants.sh SPEC VARIANT...
-#   EPOCHS=3 bench/spec_variants.sh examples/transformer_lm_fortunes.yaml gpipe pipemare async.lwp
-# EPOCHS overrides train.epochs.
+#   EPOCHS=3 bench/spec_variants.sh examples/transformer_lm_fortunes.yaml gpipe pipemare.n4 async
+# EPOCHS overrides train.epochs. TARGET adds a column: the training seconds (the
+# job's per-epoch times) until the first epoch at or better than TARGET
+# (a perplexity for language models, an accuracy in % otherwise).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${BIN_DIR:-$root/build/bin}
@@ -19,8 +22,13 @@ shift
 stages=$(grep -oE 'stages: *[0-9]+' "$spec" | grep -oE '[0-9]+')
 source "$root/bench/cluster.sh" "$stages"
 cd "$root"
-echo "| variant | test metric per epoch | s/epoch |"
-echo "|---|---|---|"
+if [ -n "${TARGET:-}" ]; then
+  echo "| variant | test metric per epoch | s/epoch | s to $TARGET |"
+  echo "|---|---|---|---|"
+else
+  echo "| variant | test metric per epoch | s/epoch |"
+  echo "|---|---|---|"
+fi
 for variant in "$@"; do
   python3 - "$spec" "$variant" "${EPOCHS:-}" >"$work/spec.yaml" <<'PY'
 import sys, yaml
@@ -43,6 +51,8 @@ for option in parts[1:]:
         s["microbatches_per_step"] = int(option[1:])
     elif option.startswith("mb") and option[2:].isdigit():
         s["microbatch_size"] = int(option[2:])
+    elif option.startswith("s") and option[1:].isdigit():
+        spec["train"]["seed"] = int(option[1:])
     else:
         sys.exit(f"spec_variants.sh: unknown option .{option} in {sys.argv[2]}")
 if sys.argv[3]:
@@ -63,5 +73,15 @@ for e in epochs:
     cells.append("%.2f" % e["test_perplexity"] if lm else "%.2f%%" % (100 * e.get("test_accuracy", 0)))
 state = j["state"] if j["state"] != "SUCCEEDED" else ""
 spe = sum(e.get("seconds", 0) for e in epochs) / max(len(epochs), 1)
-print("| %s | %s %s | %.0f |" % (name, " / ".join(cells), state, spe))' "$variant"
+row = "| %s | %s %s | %.0f |" % (name, " / ".join(cells), state, spe)
+if sys.argv[2]:
+    target, t, reached = float(sys.argv[2]), 0.0, "not reached"
+    for e in epochs:
+        t += e.get("seconds", 0)
+        if (lm and e["test_perplexity"] <= target) or (
+                not lm and 100 * e.get("test_accuracy", 0) >= target):
+            reached = "%.0f s" % t
+            break
+    row += " %s |" % reached
+print(row)' "$variant" "${TARGET:-}"
 done
