@@ -12,7 +12,7 @@ set ylabel "test accuracy"
 set yrange [0:1]
 set key bottom left
 set grid
-corrections = "none sc lwp sc+lwp"
+corrections = "none sc lwp sc+lwp dc"
 do for [lr in lrs] {
   set title sprintf("lr %s (cosine)", lr)
   plot for [i=1:words(corrections)] sprintf("%s/lr%s.dat", dir, lr) using 1:(column(i+1)) \
