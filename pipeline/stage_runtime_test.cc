@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -352,6 +353,58 @@ TEST(StageRuntimePipeMareTest, WeightPredictionForwardsAtWMinusTauAlphaD) {
     auto eval = rt->Forward(3, x, false);
     ASSERT_TRUE(eval.ok());
     EXPECT_TRUE(torch::allclose(*eval, at_w->forward(x), 1e-6, 1e-7)) << "evaluation at w";
+  }
+}
+
+// Delay compensation with Adam (the float64 replay covers SGD): the gradient
+// Adam takes is g + λ0/(√v̂ + ε)·g·g·τ·δ, v̂ its second moment before the
+// step, δ the velocity the stage keeps for it; Adam's new second moment
+// shows which gradient it took.
+TEST(StageRuntimePipeMareTest, DelayCompensationWithAdamUsesItsSecondMoment) {
+  const v1::ModelSpec model = Mlp({4, 3, 3, 3, 2});
+  v1::StageAssignment a = Assignment("async", 0, 4, 0, 1, model);  // τ = 3
+  a.mutable_optimizer()->set_type("adam");
+  a.mutable_schedule()->set_delay_compensation(2);
+  auto rt = MustCreate(a);
+  ASSERT_NE(rt, nullptr);
+  const torch::Tensor x = Inputs(61);
+  torch::manual_seed(62);
+  for (uint64_t m = 1; m <= 2; ++m) {
+    ASSERT_TRUE(rt->Forward(m, x, true).ok());
+    ASSERT_TRUE(rt->Backward(m, torch::randn({kBatch, 3})).ok());
+    if (m == 2) break;
+    ASSERT_TRUE(rt->Step().ok());
+  }
+  // The state before the second step, by parameter in order.
+  auto state = [&](const char* prefix, const char* suffix) {
+    std::vector<torch::Tensor> out;
+    const StageSnapshot snapshot = rt->Snapshot();
+    for (const auto& [key, t] : snapshot.units.at(0).tensors) {
+      const std::string k = key;
+      if (k.rfind(prefix, 0) == 0 && k.size() >= std::strlen(suffix) &&
+          k.compare(k.size() - std::strlen(suffix), std::string::npos, suffix) == 0) {
+        out.push_back(t);
+      }
+    }
+    return out;
+  };
+  const auto delta = state("t2/", "");
+  const auto v = state("optim/", "/exp_avg_sq");
+  std::vector<torch::Tensor> g;
+  for (const auto& p : rt->Parameters()) g.push_back(p.grad().detach().clone());
+  ASSERT_EQ(delta.size(), g.size());
+  ASSERT_EQ(v.size(), g.size());
+  ASSERT_TRUE(rt->Step().ok());
+  const auto v_after = state("optim/", "/exp_avg_sq");
+  for (size_t j = 0; j < g.size(); ++j) {
+    EXPECT_GT(delta[j].abs().max().item<double>(), 0) << "δ follows the first step";
+    const torch::Tensor ms = v[j] / (1 - 0.999);  // v̂ after one step
+    const torch::Tensor corrected = DelayCompensatedGradient(g[j], 3.0 * delta[j], ms, 2.0);
+    EXPECT_TRUE(
+        torch::allclose(v_after[j], 0.999 * v[j] + 0.001 * corrected * corrected, 1e-5, 1e-12))
+        << j;
+    EXPECT_FALSE(torch::allclose(v_after[j], 0.999 * v[j] + 0.001 * g[j] * g[j], 1e-5, 1e-12))
+        << j << ": the correction changed the gradient";
   }
 }
 
