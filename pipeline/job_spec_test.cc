@@ -673,6 +673,25 @@ TEST(JobSpecValidateTest, WeightPredictionNeedsADirectionAndRefusesT2) {
               }).ok());
 }
 
+// The schedule each stage of a 2-stage MLP job receives, for these
+// optimizer and schedule YAML maps (empty when the job does not resolve).
+std::vector<v1::ScheduleSpec> ResolvedSchedules(const std::string& optimizer,
+                                                const std::string& schedule) {
+  auto spec = ParseJobSpec(
+      "name: n\nmodel: {type: mlp, layers: [4, 3, 2]}\ndata: {type: mnist, path: d}\n"
+      "optimizer: " +
+      optimizer + "\nschedule: " + schedule + "\ntrain: {epochs: 1}\n");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  if (!spec.ok()) return {};
+  auto stages = ResolveStageAssignments(*spec, "j", 4, nullptr);
+  EXPECT_TRUE(stages.ok()) << stages.status();
+  if (!stages.ok()) return {};
+  EXPECT_EQ(stages->size(), 2u);
+  std::vector<v1::ScheduleSpec> out;
+  for (const auto& a : *stages) out.push_back(a.schedule());
+  return out;
+}
+
 TEST(JobSpecValidateTest, SpikeCompensationNeedsPlainSgdAndReachesEveryStage) {
   ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
                   s.mutable_schedule()->set_spike_compensation(true);
@@ -687,14 +706,10 @@ TEST(JobSpecValidateTest, SpikeCompensationNeedsPlainSgdAndReachesEveryStage) {
                   s.mutable_optimizer()->set_nesterov(true);
                 }),
                 "schedule.spike_compensation", "nesterov");
-  auto spec = ParseJobSpec(
-      "name: n\nmodel: {type: mlp, layers: [4, 3, 2]}\ndata: {type: mnist, path: d}\n"
-      "optimizer: {lr: 0.1, momentum: 0.9}\n"
-      "schedule: {type: pipemare, stages: 2, spike_compensation: true}\ntrain: {epochs: 1}\n");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto stages = ResolveStageAssignments(*spec, "j", 4, nullptr);
-  ASSERT_TRUE(stages.ok()) << stages.status();
-  for (const auto& a : *stages) EXPECT_TRUE(a.schedule().spike_compensation());
+  for (const auto& s : ResolvedSchedules("{lr: 0.1, momentum: 0.9}",
+                                         "{type: pipemare, stages: 2, spike_compensation: true}")) {
+    EXPECT_TRUE(s.spike_compensation());
+  }
 }
 
 TEST(JobSpecValidateTest, DelayCompensationIsALambdaAndNotWithPrediction) {
@@ -715,14 +730,10 @@ TEST(JobSpecValidateTest, DelayCompensationIsALambdaAndNotWithPrediction) {
                   s.mutable_optimizer()->set_momentum(0.9);
                 }),
                 "schedule.delay_compensation", "weight_prediction");
-  auto spec = ParseJobSpec(
-      "name: n\nmodel: {type: mlp, layers: [4, 3, 2]}\ndata: {type: mnist, path: d}\n"
-      "optimizer: {type: adam, lr: 0.001}\n"
-      "schedule: {type: async, stages: 2, delay_compensation: 0.5}\ntrain: {epochs: 1}\n");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto stages = ResolveStageAssignments(*spec, "j", 4, nullptr);
-  ASSERT_TRUE(stages.ok()) << stages.status();
-  for (const auto& a : *stages) EXPECT_EQ(a.schedule().delay_compensation(), 0.5);
+  for (const auto& s : ResolvedSchedules("{type: adam, lr: 0.001}",
+                                         "{type: async, stages: 2, delay_compensation: 0.5}")) {
+    EXPECT_EQ(s.delay_compensation(), 0.5);
+  }
 }
 
 TEST(JobSpecValidateTest, OnNonFiniteIsFailOrSkipAndReachesEveryStage) {
@@ -781,9 +792,9 @@ namespace {
 
 // The shipped examples are valid specs (the README's main job runs one).
 TEST(JobSpecExamplesTest, ShippedExamplesValidate) {
-  for (const char* name :
-       {"mnist_pipemare.yaml", "mnist_gpipe.yaml", "fashion_mnist_pipemare.yaml",
-        "mnist_fine_momentum.yaml", "resnet20_fashion_mnist.yaml", "transformer_lm_fortunes.yaml"}) {
+  for (const char* name : {"mnist_pipemare.yaml", "mnist_gpipe.yaml", "fashion_mnist_pipemare.yaml",
+                           "mnist_fine_momentum.yaml", "resnet20_fashion_mnist.yaml",
+                           "transformer_lm_fortunes.yaml"}) {
     auto spec = LoadJobSpecFile(std::string(PIPEMARE_EXAMPLES_DIR) + "/" + name);
     ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
     ApplyJobSpecDefaults(*spec);
