@@ -44,9 +44,10 @@ namespace {
 //   steps, α_t the rate of the step that made version t; pipedream's
 //   backward then differentiates at that ŵ (the weights its forward used).
 //   With schedule.delay_compensation λ0 (by hand too), after the warm-up
-//   the summed gradient becomes g + λ0/(√ms + ε)·g·g·τ_i·δ before the step,
-//   ms ← 0.95·ms + 0.05·g² from ms = g² at the first, δ following the
-//   weights as T2's does (D = schedule.discrepancy_decay, 0.1 unset).
+//   the summed gradient becomes DelayCompensatedGradient(g, τ_i·δ, ms, λ0)
+//   before the step, ms ← β·ms + (1 − β)·g² (DcMeanSquareDecay) from g² at
+//   the first, δ following the weights as T2's does (D =
+//   schedule.discrepancy_decay, 0.1 unset).
 struct ReplayStage {
   torch::nn::Sequential module;
   std::unique_ptr<torch::optim::SGD> sgd;
@@ -184,10 +185,11 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
           torch::Tensor loss_grad = params[j].grad();
           if (dc > 0 && k >= W && st.tau > 0) {
             const torch::Tensor g2 = loss_grad * loss_grad;
+            const double beta = DcMeanSquareDecay();
             if (st.mean_square.size() <= j) st.mean_square.push_back(g2.clone());
-            st.mean_square[j] = 0.95 * st.mean_square[j] + 0.05 * g2;
+            st.mean_square[j] = beta * st.mean_square[j] + (1 - beta) * g2;
             loss_grad =
-                loss_grad + dc / (st.mean_square[j].sqrt() + 1e-7) * g2 * (st.tau * st.velocity[j]);
+                DelayCompensatedGradient(loss_grad, st.tau * st.velocity[j], st.mean_square[j], dc);
           }
           const torch::Tensor g = loss_grad + spec.optimizer().weight_decay() * params[j].detach();
           if (st.momentum.size() <= j) {
