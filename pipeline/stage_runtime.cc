@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <type_traits>
@@ -190,6 +191,30 @@ namespace {
 int64_t Bytes(const torch::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.numel() * t.element_size()) : 0;
 }
+
+// Adam's and AdamW's per-parameter state and options are distinct LibTorch
+// types with the same fields: one read of either, or nullopt for another
+// optimizer's state (SGD's).
+struct AdamState {
+  torch::Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
+  int64_t step = 0;
+  double beta1 = 0, beta2 = 0, eps = 0;
+};
+std::optional<AdamState> AdamStateOf(const torch::optim::OptimizerParamState* s,
+                                     const torch::optim::OptimizerOptions& options) {
+  auto read = [](const auto& state, const auto& o) {
+    return AdamState{state.exp_avg(), state.exp_avg_sq(),     state.max_exp_avg_sq(),
+                     state.step(),    std::get<0>(o.betas()), std::get<1>(o.betas()),
+                     o.eps()};
+  };
+  if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+    return read(*adam, static_cast<const torch::optim::AdamOptions&>(options));
+  }
+  if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+    return read(*adamw, static_cast<const torch::optim::AdamWOptions&>(options));
+  }
+  return std::nullopt;
+}
 }  // namespace
 
 void StageRuntime::UpdateMemoryLocked() {
@@ -202,12 +227,9 @@ void StageRuntime::UpdateMemoryLocked() {
     const torch::optim::OptimizerParamState* s = kv.second.get();
     if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
       m.optimizer_state += Bytes(sgd->momentum_buffer());
-    } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+    } else if (auto adam = AdamStateOf(s, optimizer_->param_groups()[0].options())) {
       m.optimizer_state +=
-          Bytes(adam->exp_avg()) + Bytes(adam->exp_avg_sq()) + Bytes(adam->max_exp_avg_sq());
-    } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
-      m.optimizer_state +=
-          Bytes(adamw->exp_avg()) + Bytes(adamw->exp_avg_sq()) + Bytes(adamw->max_exp_avg_sq());
+          Bytes(adam->exp_avg) + Bytes(adam->exp_avg_sq) + Bytes(adam->max_exp_avg_sq);
     }
   }
   for (const auto& kv : saved_)
@@ -308,16 +330,9 @@ std::vector<torch::Tensor> StageRuntime::PredictWeights() {
       const torch::optim::OptimizerParamState* s = it->second.get();
       if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
         d = sgd->momentum_buffer();
-      } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
-        const auto& o =
-            static_cast<torch::optim::AdamOptions&>(optimizer_->param_groups()[0].options());
-        d = AdamDirection(adam->exp_avg(), adam->exp_avg_sq(), adam->step(), std::get<0>(o.betas()),
-                          std::get<1>(o.betas()), o.eps());
-      } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
-        const auto& o =
-            static_cast<torch::optim::AdamWOptions&>(optimizer_->param_groups()[0].options());
-        d = AdamDirection(adamw->exp_avg(), adamw->exp_avg_sq(), adamw->step(),
-                          std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps());
+      } else if (auto adam = AdamStateOf(s, optimizer_->param_groups()[0].options())) {
+        d = AdamDirection(adam->exp_avg, adam->exp_avg_sq, adam->step, adam->beta1, adam->beta2,
+                          adam->eps);
       }
     }
     out.push_back(d.defined() ? PredictedWeights(p.detach(), d, alpha, tau_) : p.detach());
@@ -645,16 +660,8 @@ void StageRuntime::CompensateDelay() {
       auto it = state.find(OptimizerStateKey(state, params[j]));
       ms = g * g;
       if (it != state.end()) {
-        const torch::optim::OptimizerParamState* s = it->second.get();
-        const auto& options = optimizer_->param_groups()[0].options();
-        if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
-          const double beta2 =
-              std::get<1>(static_cast<const torch::optim::AdamOptions&>(options).betas());
-          ms = adam->exp_avg_sq() / (1 - std::pow(beta2, static_cast<double>(adam->step())));
-        } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
-          const double beta2 =
-              std::get<1>(static_cast<const torch::optim::AdamWOptions&>(options).betas());
-          ms = adamw->exp_avg_sq() / (1 - std::pow(beta2, static_cast<double>(adamw->step())));
+        if (auto adam = AdamStateOf(it->second.get(), optimizer_->param_groups()[0].options())) {
+          ms = adam->exp_avg_sq / (1 - std::pow(adam->beta2, static_cast<double>(adam->step)));
         }
       }
     }
@@ -763,16 +770,11 @@ StageSnapshot StageRuntime::Snapshot() const {
       const torch::optim::OptimizerParamState* s = it->second.get();
       if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
         add("momentum_buffer", sgd->momentum_buffer());
-      } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
-        add("step", torch::tensor(static_cast<int64_t>(adam->step()), torch::kInt64));
-        add("exp_avg", adam->exp_avg());
-        add("exp_avg_sq", adam->exp_avg_sq());
-        add("max_exp_avg_sq", adam->max_exp_avg_sq());
-      } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
-        add("step", torch::tensor(static_cast<int64_t>(adamw->step()), torch::kInt64));
-        add("exp_avg", adamw->exp_avg());
-        add("exp_avg_sq", adamw->exp_avg_sq());
-        add("max_exp_avg_sq", adamw->max_exp_avg_sq());
+      } else if (auto adam = AdamStateOf(s, optimizer_->param_groups()[0].options())) {
+        add("step", torch::tensor(adam->step, torch::kInt64));
+        add("exp_avg", adam->exp_avg);
+        add("exp_avg_sq", adam->exp_avg_sq);
+        add("max_exp_avg_sq", adam->max_exp_avg_sq);
       }
     }
     for (const auto& b : child->named_buffers()) {
