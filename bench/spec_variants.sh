@@ -5,7 +5,8 @@
 # compensation, .lwp weight prediction, .not2 T2 off, .lwp implies .not2;
 # .dc delay compensation with λ0 = 2, .dcX with λ0 = X (.dc0p5: 0.5); .wE a synchronous
 # warm-up of E epochs, .nK K microbatches per step, .mbB microbatches of B,
-# .sS train.seed S). Prints a Markdown row
+# .sS train.seed S, .lrX optimizer.lr X, .b1X Adam's beta1 X, .aE T1 over E
+# epochs; X and E write p for the decimal point: .lr0p002, .a1p5). Prints a Markdown row
 # per variant with each epoch's test metric (perplexity for language models,
 # accuracy otherwise) and seconds per epoch.
 #   bench/spec_variants.sh SPEC VARIANT...
@@ -45,14 +46,21 @@ for option in parts[1:]:
             s["weight_prediction"] = True
     elif option.startswith("dc"):
         s["delay_compensation"] = float(option[2:].replace("p", ".") or 2)
-    elif option.startswith("w") and option[1:].isdigit():
-        s["warmup_epochs"] = int(option[1:])
+    elif option.startswith("w") and option[1:2].isdigit():
+        s["warmup_epochs"] = float(option[1:].replace("p", "."))
     elif option.startswith("n") and option[1:].isdigit():
         s["microbatches_per_step"] = int(option[1:])
     elif option.startswith("mb") and option[2:].isdigit():
         s["microbatch_size"] = int(option[2:])
     elif option.startswith("s") and option[1:].isdigit():
         spec["train"]["seed"] = int(option[1:])
+    elif option.startswith("lr"):
+        spec["optimizer"]["lr"] = float(option[2:].replace("p", "."))
+    elif option.startswith("b1"):
+        spec["optimizer"]["beta1"] = float(option[2:].replace("p", "."))
+    elif option.startswith("a") and option[1:2].isdigit():
+        s.pop("lr_anneal_steps", None)
+        s["lr_anneal_epochs"] = float(option[1:].replace("p", "."))
     else:
         sys.exit(f"spec_variants.sh: unknown option .{option} in {sys.argv[2]}")
 if sys.argv[3]:
