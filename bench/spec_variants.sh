@@ -13,7 +13,9 @@
 #   EPOCHS=3 bench/spec_variants.sh examples/transformer_lm_fortunes.yaml gpipe pipemare.n4 async
 # EPOCHS overrides train.epochs. TARGET adds a column: the training seconds (the
 # job's per-epoch times) until the first epoch at or better than TARGET
-# (a perplexity for language models, an accuracy in % otherwise).
+# (a perplexity for language models, an accuracy in % otherwise). TRACE=PREFIX
+# also writes PREFIX.VARIANT.tsv: the job's step and last training loss,
+# sampled every 0.3 s while it runs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${BIN_DIR:-$root/build/bin}
@@ -69,7 +71,18 @@ spec["name"] = "variant-" + sys.argv[2].replace("+", "-")
 print(yaml.safe_dump(spec, default_flow_style=None, sort_keys=False))
 PY
   id=$(ctl submit "$work/spec.yaml" --output json | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-  ctl watch "$id" >/dev/null 2>&1 || true
+  if [ -n "${TRACE:-}" ]; then
+    # Sample the job's step and last training loss until it ends.
+    while ctl status "$id" --output json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+print(j.get("progress", {}).get("step", 0), j.get("metrics", {}).get("train_loss", 0), sep="\t")
+sys.exit(j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"))' >>"$TRACE.$variant.tsv"; do
+      sleep 0.3
+    done
+  else
+    ctl watch "$id" >/dev/null 2>&1 || true
+  fi
   ctl status "$id" --output json | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
