@@ -65,6 +65,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/buffer_pool.h"
 #include "common/pipe_stream.h"
 #include "common/pipe_wire.h"
 #include "common/rpc.h"
@@ -202,14 +203,16 @@ absl::Status CheckActivation(const PipeMessage& m) {
     return absl::InvalidArgumentError("activation: expected FLOAT32 of shape [n]");
   }
   const int64_t n = t.shape(0);
-  std::unique_ptr<char[]> copy;
+  std::shared_ptr<uint8_t> copy;
   const char* data;
   if (m.data.size() == 1) {
     data = reinterpret_cast<const char*>(m.data[0].begin());
   } else {
-    copy.reset(new char[m.data_size]);
+    // Into a receive buffer, as a worker's EmptyForReceive (stage_worker/tensor_wire.h).
+    copy = BufferPool::Receive().Take(m.data_size);
+    if (copy == nullptr) return absl::ResourceExhaustedError("activation: no memory");
     m.CopyData(copy.get());
-    data = copy.get();
+    data = reinterpret_cast<const char*>(copy.get());
   }
   if (!TouchOk(data, n)) {
     return absl::DataLossError("activation.data: contents differ from what was sent");
@@ -243,7 +246,8 @@ class GlooConsumer {
         return absl::InvalidArgumentError("activation: expected FLOAT32 [n] over the data plane");
       }
       item.floats = t.shape(0);
-      std::shared_ptr<char[]> buffer(new char[t.data_plane_bytes()]);
+      std::shared_ptr<uint8_t> buffer = BufferPool::Receive().Take(t.data_plane_bytes());
+      if (buffer == nullptr) return absl::ResourceExhaustedError("activation: no memory");
       item.receive = edge_->PostReceive(DataPlaneEdge::Tag(m.message.microbatch(), ack_each_),
                                         buffer.get(), t.data_plane_bytes(), buffer);
       item.data = std::move(buffer);
@@ -263,7 +267,7 @@ class GlooConsumer {
   struct Item {
     v1::StageMessage message;
     std::shared_ptr<DataPlaneEdge::Receive> receive;
-    std::shared_ptr<char[]> data;
+    std::shared_ptr<uint8_t> data;
     int64_t floats = 0;
   };
   void Run() {
@@ -280,7 +284,7 @@ class GlooConsumer {
       v1::StageMessage reply;
       if (item.receive) {
         absl::Status st = edge_->Wait(*item.receive);
-        if (st.ok() && !TouchOk(item.data.get(), item.floats)) {
+        if (st.ok() && !TouchOk(reinterpret_cast<const char*>(item.data.get()), item.floats)) {
           st = absl::DataLossError("activation: contents differ from what was sent");
         }
         if (!st.ok()) {
@@ -1274,6 +1278,11 @@ int Main(int argc, char** argv) {
                  "tuned: TuneMallocForLargeMessages() as every Pipemare service calls it; "
                  "default: glibc's defaults")
       ->capture_default_str();
+  std::string receive_pool = "on";
+  app.add_option("--receive-pool", receive_pool,
+                 "on: receivers copy payloads of 32 MiB or more into recycled buffers "
+                 "(common/buffer_pool.h), as the workers do; off: into fresh ones")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   auto sizes = ParseSizes(sizes_flag);
@@ -1292,6 +1301,8 @@ int Main(int argc, char** argv) {
     error = absl::StrCat("--output: '", output, "' is not one of table, json");
   } else if (malloc_mode != "tuned" && malloc_mode != "default") {
     error = absl::StrCat("--malloc: '", malloc_mode, "' is not one of tuned, default");
+  } else if (receive_pool != "on" && receive_pool != "off") {
+    error = absl::StrCat("--receive-pool: '", receive_pool, "' is not one of on, off");
   }
   if (!error.empty()) {
     std::fprintf(stderr, "bench_transport: %s\n", error.c_str());
@@ -1299,6 +1310,7 @@ int Main(int argc, char** argv) {
   }
 
   if (malloc_mode == "tuned") TuneMallocForLargeMessages();
+  BufferPool::Receive().SetEnabled(receive_pool == "on");
   PipePath pipe_path;
   PipePath gloo_path(/*gloo=*/true);
   BareGrpcPath bare_path;

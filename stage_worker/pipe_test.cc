@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "common/buffer_pool.h"
 #include "common/pipe_stream.h"
 #include "common/pipe_wire.h"
 #include "common/rpc.h"
@@ -134,6 +136,116 @@ TEST(PipeWire, AOneSliceAlignedPayloadIsAdoptedNotCopied) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->data_ptr(), static_cast<const void*>(m.data[0].begin()));
   EXPECT_TRUE(torch::equal(*back, t));
+}
+
+TEST(PipeWire, ALargePayloadIsReceivedIntoARecycledBuffer) {
+  // 8 Mi floats = 32 MiB, BufferPool::kMinBytes: what glibc would map afresh.
+  const int64_t n = static_cast<int64_t>(BufferPool::kMinBytes / sizeof(float));
+  torch::Tensor t = torch::arange(n, torch::kFloat32);
+  WireTensor wire;
+  const v1::StageMessage header = Header(t, &wire);
+  const std::string bytes = Flatten(EncodePipeMessage(header, wire.payload));
+  BufferPool& pool = BufferPool::Receive();
+  const BufferPool::Stats before = pool.GetStats();
+  const void* first = nullptr;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    grpc::ByteBuffer received = Reslice(bytes, size_t{1} << 20);
+    PipeMessage m;
+    ASSERT_TRUE(DecodePipeMessage(received, &m).ok());
+    auto back = FromWire(m);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(torch::equal(*back, t));
+    if (round == 0) first = back->data_ptr();
+    // Once the tensor is gone its buffer serves the next receive of the size.
+    EXPECT_EQ(back->data_ptr(), first);
+  }
+  const BufferPool::Stats after = pool.GetStats();
+  EXPECT_EQ(after.allocated - before.allocated, 1);
+  EXPECT_EQ(after.reused - before.reused, 2);
+  // A tensor still alive keeps its buffer: the next receive gets another.
+  grpc::ByteBuffer r1 = Reslice(bytes, size_t{1} << 20), r2 = Reslice(bytes, size_t{1} << 20);
+  PipeMessage m1, m2;
+  ASSERT_TRUE(DecodePipeMessage(r1, &m1).ok());
+  ASSERT_TRUE(DecodePipeMessage(r2, &m2).ok());
+  auto a = FromWire(m1), b = FromWire(m2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->data_ptr(), b->data_ptr());
+  EXPECT_TRUE(torch::equal(*a, t));
+  EXPECT_TRUE(torch::equal(*b, t));
+  // Received as another dtype (ReceiveAs), the converted tensor is the
+  // stage's; the received buffer goes back to the pool at once.
+  const size_t free_before = pool.GetStats().free_buffers;
+  auto converted = FromWire(m1, torch::kFloat64);
+  ASSERT_TRUE(converted.ok());
+  EXPECT_EQ(converted->scalar_type(), torch::kFloat64);
+  EXPECT_EQ(pool.GetStats().free_buffers, free_before + 1);
+}
+
+TEST(BufferPool, KeepsFreeBuffersWithinItsLimitsAndAllocatesSmallOnesPlainly) {
+  BufferPool pool;
+  const size_t big = BufferPool::kMinBytes;
+  {
+    auto small = pool.Take(4096);
+    ASSERT_NE(small, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(small.get()) % BufferPool::kAlignment, 0u);
+  }
+  EXPECT_EQ(pool.GetStats().free_buffers, 0u);  // small: not kept
+  std::vector<std::shared_ptr<uint8_t>> held;
+  for (size_t i = 0; i < BufferPool::kMaxFreeBuffers + 3; ++i) held.push_back(pool.Take(big + i));
+  for (const auto& b : held) {
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.get()) % BufferPool::kAlignment, 0u);
+    b.get()[0] = 1;  // writable
+  }
+  held.clear();
+  BufferPool::Stats s = pool.GetStats();
+  EXPECT_EQ(s.free_buffers, BufferPool::kMaxFreeBuffers);
+  EXPECT_LE(s.free_bytes, BufferPool::kMaxFreeBytes);
+  // The oldest went first: the last sizes are the ones kept.
+  const size_t last = big + BufferPool::kMaxFreeBuffers + 2;
+  const int64_t reused = s.reused;
+  { auto again = pool.Take(last); }
+  EXPECT_EQ(pool.GetStats().reused, reused + 1);
+  { auto first = pool.Take(big); }  // released as the oldest: allocated anew
+  EXPECT_EQ(pool.GetStats().reused, reused + 1);
+  // Off: nothing kept, every buffer fresh; on again: kept again.
+  pool.SetEnabled(false);
+  EXPECT_EQ(pool.GetStats().free_buffers, 0u);
+  { auto b = pool.Take(big); }
+  EXPECT_EQ(pool.GetStats().free_buffers, 0u);
+  pool.SetEnabled(true);
+  { auto b = pool.Take(big); }
+  EXPECT_EQ(pool.GetStats().free_buffers, 1u);
+}
+
+TEST(BufferPool, ConcurrentTakesAndReturnsNeverShareABuffer) {
+  BufferPool pool;
+  const size_t big = BufferPool::kMinBytes;
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        auto b = pool.Take(big);
+        if (b == nullptr) {
+          ++bad;
+          continue;
+        }
+        std::memset(b.get(), t, 4096);
+        std::this_thread::yield();
+        for (int k = 0; k < 4096; ++k) {
+          if (b.get()[k] != static_cast<uint8_t>(t)) {
+            ++bad;
+            break;
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_LE(pool.GetStats().free_buffers, 4u);
 }
 
 TEST(PipeWire, TheSlicesTensorOutlivesTheSenderAndIsFreedAfterTheSend) {

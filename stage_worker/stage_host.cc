@@ -735,9 +735,10 @@ absl::StatusOr<torch::Tensor> StageHost::ReceiveTensor(
   auto type = TorchType(header->dtype());
   if (!type) return absl::InvalidArgumentError("tensor.dtype: not a LibTorch type");
   // Decoding checked data_plane_bytes against dtype and shape.
-  torch::Tensor t =
-      torch::empty(std::vector<int64_t>(header->shape().begin(), header->shape().end()),
-                   torch::TensorOptions().dtype(*type));
+  auto empty =
+      EmptyForReceive(std::vector<int64_t>(header->shape().begin(), header->shape().end()), *type);
+  if (!empty.ok()) return empty.status();
+  torch::Tensor t = std::move(*empty);
   *arriving =
       edge->PostReceive(DataPlaneEdge::Tag(message.message.microbatch(), side == Side::kDownstream),
                         t.data_ptr(), t.nbytes(), std::make_shared<torch::Tensor>(t));

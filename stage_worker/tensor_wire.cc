@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/buffer_pool.h"
 #include "pipeline/torch_codec.h"
 
 namespace pipemare {
@@ -28,6 +29,24 @@ absl::StatusOr<WireTensor> ToWire(const torch::Tensor& tensor,
   return w;
 }
 
+absl::StatusOr<torch::Tensor> EmptyForReceive(const std::vector<int64_t>& shape,
+                                              torch::ScalarType type) {
+  const auto options = torch::TensorOptions().dtype(type);
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const size_t bytes = static_cast<size_t>(numel) * torch::elementSize(type);
+  if (bytes < BufferPool::kMinBytes) return torch::empty(shape, options);
+  std::shared_ptr<uint8_t> buffer = BufferPool::Receive().Take(bytes);
+  if (buffer == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no memory for a received tensor of ", bytes, " bytes"));
+  }
+  uint8_t* data = buffer.get();
+  // The tensor owns the buffer; freeing it hands the buffer back to the pool.
+  return torch::from_blob(
+      data, shape, [buffer = std::move(buffer)](void*) mutable { buffer.reset(); }, options);
+}
+
 absl::StatusOr<torch::Tensor> FromWire(const PipeMessage& message,
                                        std::optional<torch::ScalarType> as) {
   const v1::Tensor* wire = PayloadTensor(message.message);
@@ -45,7 +64,9 @@ absl::StatusOr<torch::Tensor> FromWire(const PipeMessage& message,
     t = torch::from_blob(
         const_cast<uint8_t*>(slice->begin()), shape, [slice](void*) { delete slice; }, options);
   } else {
-    t = torch::empty(shape, options);
+    auto empty = EmptyForReceive(shape, *type);
+    if (!empty.ok()) return empty.status();
+    t = std::move(*empty);
     if (message.data_size > 0) message.CopyData(t.data_ptr());
   }
   if (as && t.is_floating_point() && t.scalar_type() != *as) t = t.to(*as);

@@ -8,13 +8,16 @@
 //            it into the socket;
 //   receive: the kernel copies it into gRPC's read buffers; then 1 copy into
 //            the tensor, or 0 when the payload arrived in one slice aligned
-//            for its dtype (the tensor then adopts gRPC's buffer).
+//            for its dtype (the tensor then adopts gRPC's buffer). A payload
+//            of BufferPool::kMinBytes or more is copied into a recycled
+//            buffer (common/buffer_pool.h), not a freshly mapped one.
 #ifndef PIPEMARE_STAGE_WORKER_TENSOR_WIRE_H_
 #define PIPEMARE_STAGE_WORKER_TENSOR_WIRE_H_
 
 #include <torch/torch.h>
 
 #include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/pipe_wire.h"
@@ -32,6 +35,12 @@ struct WireTensor {
 // INVALID_ARGUMENT for a dtype the wire format lacks.
 absl::StatusOr<WireTensor> ToWire(const torch::Tensor& tensor,
                                   std::optional<torch::ScalarType> as = std::nullopt);
+
+// An uninitialised CPU tensor to receive a payload into: from the receive
+// BufferPool when it is that large, else torch::empty. RESOURCE_EXHAUSTED
+// when the memory is not there.
+absl::StatusOr<torch::Tensor> EmptyForReceive(const std::vector<int64_t>& shape,
+                                              torch::ScalarType type);
 
 // The tensor `message` carries (DecodePipeMessage validated it), on the CPU;
 // with `as` (a floating type), a floating payload is converted to it.
