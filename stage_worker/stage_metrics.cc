@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/buffer_pool.h"
 #include "pipeline/stage_runtime.h"
 
 namespace pipemare {
@@ -25,8 +26,12 @@ Labels With(Labels l, const std::string& key, const std::string& value) {
   return l;
 }
 
-constexpr const char* kMemoryKinds[] = {"weights", "optimizer_state", "t2_velocity", "stash",
-                                        "saved_activations"};
+// The last is the worker's, not the stage's tensors: free receive buffers
+// kept for the next large payload (common/buffer_pool.h).
+constexpr const char* kMemoryKinds[] = {"weights", "optimizer_state",   "t2_velocity",
+                                        "stash",   "saved_activations", "receive_pool"};
+constexpr int kKinds = sizeof(kMemoryKinds) / sizeof(kMemoryKinds[0]);
+static_assert(kKinds == 6, "StageMetrics::memory_ holds one gauge per kind");
 
 }  // namespace
 
@@ -178,7 +183,9 @@ StageMetrics::StageMetrics(WorkerMetrics* owner, const Labels& l) : owner_(owner
   learning_rate_ = &w.learning_rate_.Add(l);
   t2_correction_ = &w.t2_correction_.Add(l);
   parameters_ = &w.parameters_.Add(l);
-  for (int k = 0; k < 5; ++k) memory_[k] = &w.memory_.Add(With(l, "kind", kMemoryKinds[k]));
+  for (int k = 0; k < kKinds; ++k) {
+    memory_[k] = &w.memory_.Add(With(l, "kind", kMemoryKinds[k]));
+  }
 }
 
 StageMetrics::~StageMetrics() {
@@ -218,9 +225,13 @@ void StageMetrics::Update(const StageStats& s) {
   learning_rate_->Set(s.learning_rate);
   t2_correction_->Set(s.t2_correction_norm);
   parameters_->Set(static_cast<double>(s.parameters));
-  const int64_t bytes[5] = {s.memory.weights, s.memory.optimizer_state, s.memory.t2_velocity,
-                            s.memory.stash, s.memory.saved_activations};
-  for (int k = 0; k < 5; ++k) memory_[k]->Set(static_cast<double>(bytes[k]));
+  const int64_t bytes[kKinds] = {s.memory.weights,
+                                 s.memory.optimizer_state,
+                                 s.memory.t2_velocity,
+                                 s.memory.stash,
+                                 s.memory.saved_activations,
+                                 static_cast<int64_t>(BufferPool::Receive().GetStats().free_bytes)};
+  for (int k = 0; k < kKinds; ++k) memory_[k]->Set(static_cast<double>(bytes[k]));
   if (s.steps > steps_seen_) {
     optimizer_steps->Increment(static_cast<double>(s.steps - steps_seen_));
     optimizer_step_seconds->Observe(s.last_step_seconds);

@@ -66,7 +66,8 @@ class StageMetrics {
   prometheus::Gauge* learning_rate_;
   prometheus::Gauge* t2_correction_;
   prometheus::Gauge* parameters_;
-  prometheus::Gauge* memory_[5];  // weights, optimizer_state, t2_velocity, stash, saved_activations
+  // weights, optimizer_state, t2_velocity, stash, saved_activations, receive_pool
+  prometheus::Gauge* memory_[6];
   int64_t steps_seen_ = 0;
 };
 

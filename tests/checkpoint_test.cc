@@ -344,7 +344,9 @@ TEST(Checkpoint, ACheckpointDirTheCoordinatorDoesNotShareFailsTheJobNamingIt) {
   ASSERT_FALSE(id.empty());
   const v1::JobStatus job = cluster.WaitForEnd(id, 120);
   EXPECT_EQ(job.state(), v1::FAILED) << cluster.Logs();
-  EXPECT_TRUE(absl::StrContains(job.reason(), "could not verify 3 cuts in a row")) << job.reason();
+  // 3 or more: the committer and the runner's last poll may both count one.
+  EXPECT_TRUE(absl::StrContains(job.reason(), "cuts in a row that every stage reported written"))
+      << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), absl::StrCat("checkpoint.dir (", dir)))
       << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), "shared volume")) << job.reason();

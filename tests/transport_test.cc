@@ -1,7 +1,8 @@
 // schedule.transport through real processes: the same job over the default
 // gRPC stream and over the Gloo data plane trains to the same model; a worker
 // killed mid-job on Gloo is recovered like one on gRPC, with no hang; workers
-// that serve TLS refuse Gloo. Label: multiprocess.
+// that serve TLS refuse Gloo; payloads of 32 MiB (the receive-buffer pool's)
+// train alike on both. Label: multiprocess.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -51,6 +52,38 @@ TEST(Transport, GlooAndGrpcTrainTheSameJobToTheSameModel) {
             << jobs[1].metrics().test_accuracy() << "; test loss: grpc "
             << jobs[0].metrics().test_loss() << ", gloo " << jobs[1].metrics().test_loss() << "\n";
   EXPECT_GE(jobs[1].metrics().test_accuracy(), 0.8) << "a real model learns MNIST over Gloo";
+  EXPECT_NEAR(jobs[1].metrics().test_accuracy(), jobs[0].metrics().test_accuracy(), 0.002);
+  EXPECT_NEAR(jobs[1].metrics().test_loss(), jobs[0].metrics().test_loss(),
+              1e-3 * jobs[0].metrics().test_loss());
+}
+
+TEST(Transport, PayloadsOf32MiBTrainTheSameModelOnBothTransports) {
+  // 2048 examples x 4096 floats: every activation and gradient between the
+  // two stages is 32 MiB, received into the workers' receive-buffer pool
+  // (common/buffer_pool.h) by FromWire on grpc and by the Gloo receive.
+  Cluster cluster(2, {}, /*tls=*/false);
+  ASSERT_TRUE(cluster.ok());
+  const std::string base = absl::StrCat(R"(name: large
+model: {type: mlp, layers: [784, 4096, 10], activation: relu}
+data: {type: mnist, path: )",
+                                        MnistDir(), R"(, train_limit: 8192, test_limit: 2048}
+optimizer: {type: sgd, lr: 0.1, momentum: 0.5}
+schedule: {type: pipemare, stages: 2, microbatch_size: 2048}
+train: {epochs: 2, seed: 3}
+)");
+  v1::JobStatus jobs[2];
+  int i = 0;
+  for (const char* transport : {"grpc", "gloo"}) {
+    auto submit = cluster.Ctl(
+        {"submit", cluster.WriteSpec(transport, WithTransport(base, transport)), "--wait"}, 300);
+    ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+    jobs[i] = cluster.Status(absl::StrCat("job-", i + 1));
+    ASSERT_EQ(jobs[i].state(), v1::SUCCEEDED) << transport << cluster.Logs();
+    ++i;
+  }
+  std::cout << "test accuracy: grpc " << jobs[0].metrics().test_accuracy() << ", gloo "
+            << jobs[1].metrics().test_accuracy() << "\n";
+  EXPECT_GE(jobs[0].metrics().test_accuracy(), 0.5) << "8 steps of 2048 examples learn";
   EXPECT_NEAR(jobs[1].metrics().test_accuracy(), jobs[0].metrics().test_accuracy(), 0.002);
   EXPECT_NEAR(jobs[1].metrics().test_loss(), jobs[0].metrics().test_loss(),
               1e-3 * jobs[0].metrics().test_loss());
