@@ -14,6 +14,8 @@
 # turn (the build column then names it); with one tree given twice, one
 # build's transports side by side:
 #   TRANSPORTS="grpc gloo" bench/compare_builds.sh . . 2
+# A transport written gloo/BYTES also sets schedule.data_plane_min_bytes
+# (gloo/0: every tensor over Gloo).
 set -euo pipefail
 base=$(cd "$1" && pwd)
 this=$(cd "$2" && pwd)
@@ -26,11 +28,16 @@ echo "|---|---|---|---|---|---|"
 for round in $(seq 1 "$rounds"); do
   for tree in "${trees[@]}"; do
     for transport in ${TRANSPORTS:-grpc}; do
-      export TRANSPORT=$transport
+      export TRANSPORT=${transport%%/*}
+      if [ "$transport" != "$TRANSPORT" ]; then
+        export DATA_PLANE_MIN_BYTES=${transport#*/}
+      else
+        unset DATA_PLANE_MIN_BYTES
+      fi
       name=$(cd "$tree" && git rev-parse --short HEAD)
       [ -n "$(cd "$tree" && git status --porcelain --untracked-files=no)" ] && name="$name+"
       [ -z "${TRANSPORTS:-}" ] || name="$name $transport"
-      d="$out/$round-$(basename "$tree")-${name// /-}"
+      d="$out/$round-$(basename "$tree")-$(echo "$name" | tr ' /' '--')"
       hop1=$(cd "$tree" && bench/overhead.sh "$d/o1" 2>&1 | sed -n 's/.*per hop: \([0-9]*\) µs/\1/p')
       hop8=$(cd "$tree" && WIDTH=256 MICROBATCH=8 bench/overhead.sh "$d/o8" 2>&1 |
         sed -n 's/.*per hop: \([0-9]*\) µs/\1/p')

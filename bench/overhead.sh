@@ -8,7 +8,8 @@
 #   per hop = (time per microbatch at P=8 - at P=2) / 12.
 #
 #   bench/overhead.sh [OUT_DIR]    (knobs: WIDTH=1024, MICROBATCH=256,
-#                                   TRANSPORT=grpc|gloo)
+#                                   TRANSPORT=grpc|gloo,
+#                                   DATA_PLANE_MIN_BYTES as in pipeline.sh)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/out/overhead}

@@ -16,7 +16,8 @@
 # SCHEDULES="gpipe pipedream async pipemare", FWD_MS=4, BWD_MS=8,
 # MICROBATCHES_PER_STAGE=16, MICROBATCH=8, WIDTH=64, VIRTUAL=1,
 # WIRE_DTYPE=float32 (schedule.wire_dtype), TRANSPORT=grpc (schedule.transport:
-# grpc or gloo).
+# grpc or gloo), DATA_PLANE_MIN_BYTES (gloo only: schedule.data_plane_min_bytes;
+# unset leaves it unset).
 # VIRTUAL=0 runs real compute instead, with one worker pinned per core
 # (WORKER_CPUS="0 1" by default): use it with PS=2 and a wider model, e.g.
 # LAYERS="[784, 512, 2048, 512, 10]" (overrides the generated layer list;
@@ -40,6 +41,8 @@ WIDTH=${WIDTH:-64}
 VIRTUAL=${VIRTUAL:-1}
 WIRE_DTYPE=${WIRE_DTYPE:-float32}
 TRANSPORT=${TRANSPORT:-grpc}
+min_bytes=""
+[ -z "${DATA_PLANE_MIN_BYTES:-}" ] || min_bytes=", data_plane_min_bytes: $DATA_PLANE_MIN_BYTES"
 mkdir -p "$out"
 max_p=0
 for p in $PS; do [ "$p" -gt "$max_p" ] && max_p=$p; done
@@ -64,7 +67,7 @@ data: {type: mnist, path: data/mnist, train_limit: $((microbatches * MICROBATCH)
 optimizer: {type: sgd, lr: 0.01}
 schedule: {type: $schedule, stages: $p, microbatch_size: $MICROBATCH, microbatches_per_step: $n,
            lr_anneal_steps: 100, discrepancy_decay: 0.1, wire_dtype: $WIRE_DTYPE,
-           transport: $TRANSPORT}
+           transport: $TRANSPORT$min_bytes}
 train: {epochs: 1, seed: 1, shuffle: false}
 SPEC
       id=$(run_job "$work/spec.yaml" "$work/status.json")

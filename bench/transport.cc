@@ -1280,7 +1280,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   std::string receive_pool = "on";
   app.add_option("--receive-pool", receive_pool,
-                 "on: receivers copy payloads of 32 MiB or more into recycled buffers "
+                 "on: receivers copy payloads of BufferPool::kMinBytes (1 MiB) or more into "
+                 "recycled buffers "
                  "(common/buffer_pool.h), as the workers do; off: into fresh ones")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);

@@ -9,7 +9,11 @@
 // sizes step after step, so a buffer freed by the compute thread is handed to
 // the next receive of the same size, its pages already mapped.
 //
-// Below kMinBytes, Take allocates plainly (malloc keeps those in its heap).
+// Below 32 MiB glibc serves these from its heap, yet a fresh buffer still
+// cost 4–16 MiB payloads 2–38% of their throughput (memory a threaded
+// arena gave back, or heap not yet touched, faults in again), so the pool
+// starts at 1 MiB (docs/benchmarks.md, "The receive pool from 1 MiB").
+// Below kMinBytes, Take allocates plainly.
 // At most kMaxFreeBuffers buffers and kMaxFreeBytes bytes wait free; a buffer
 // returned beyond that is released. Thread-safe.
 #ifndef PIPEMARE_COMMON_BUFFER_POOL_H_
@@ -25,7 +29,7 @@ namespace pipemare {
 
 class BufferPool {
  public:
-  static constexpr size_t kMinBytes = size_t{32} << 20;
+  static constexpr size_t kMinBytes = size_t{1} << 20;
   static constexpr size_t kMaxFreeBuffers = 8;
   static constexpr size_t kMaxFreeBytes = size_t{1} << 30;
   static constexpr size_t kAlignment = 64;  // as LibTorch's CPU allocator

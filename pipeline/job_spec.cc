@@ -698,6 +698,18 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Bad("schedule.transport",
                absl::StrCat("'", s.transport(), "' is not allowed; allowed: grpc (default), gloo"));
   }
+  if (s.has_data_plane_min_bytes()) {
+    if (s.transport() != "gloo") {
+      return Bad("schedule.data_plane_min_bytes",
+                 "applies to transport gloo (on grpc every tensor rides the Pipe stream): remove "
+                 "it or set schedule.transport: gloo");
+    }
+    if (s.data_plane_min_bytes() < 0) {
+      return Bad("schedule.data_plane_min_bytes",
+                 absl::StrCat(s.data_plane_min_bytes(),
+                              " is negative: give bytes >= 0 (0 sends every tensor over Gloo)"));
+    }
+  }
   if (!s.partition().empty() && s.partition() != "uniform" && s.partition() != "parameters" &&
       s.partition() != "profile" && s.partition() != "split") {
     return Bad("schedule.partition",

@@ -736,6 +736,23 @@ TEST(JobSpecValidateTest, DelayCompensationIsALambdaAndNotWithPrediction) {
   }
 }
 
+TEST(JobSpecValidateTest, DataPlaneMinBytesIsForGlooAndNotNegative) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_data_plane_min_bytes(1 << 20);
+                }),
+                "schedule.data_plane_min_bytes", "set schedule.transport: gloo");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_transport("gloo");
+                  s.mutable_schedule()->set_data_plane_min_bytes(-1);
+                }),
+                "schedule.data_plane_min_bytes", "-1 is negative");
+  for (const auto& s : ResolvedSchedules(
+           "{lr: 0.1}", "{type: pipemare, stages: 2, transport: gloo, data_plane_min_bytes: 0}")) {
+    ASSERT_TRUE(s.has_data_plane_min_bytes()) << "0 is set, not unset";
+    EXPECT_EQ(s.data_plane_min_bytes(), 0);
+  }
+}
+
 TEST(JobSpecValidateTest, OnNonFiniteIsFailOrSkipAndReachesEveryStage) {
   ExpectInvalid(
       ValidateMutated([](v1::JobSpec& s) { s.mutable_train()->set_on_nonfinite("ignore"); }),

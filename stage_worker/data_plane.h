@@ -11,6 +11,9 @@
 // Contract, for every implementation:
 //   - rendezvous over the stream: what one end must tell the other to
 //     connect goes through `SendKey` and arrives through OnPeerKey;
+//   - it carries the tensors of schedule.data_plane_min_bytes and more
+//     (kDataPlaneMinBytes unset); smaller ones ride the stream, and the
+//     header says which (Tensor.data_plane_bytes set or not);
 //   - a tensor's bytes are matched by Tag(microbatch, direction): the
 //     receiver posts the receive when the tensor's header arrives on the
 //     stream (Tensor.data_plane_bytes) and the compute thread Waits for it
@@ -83,6 +86,12 @@ class DataPlaneEdge {
     return microbatch * 2 + (gradient ? 1 : 0);
   }
 };
+
+// schedule.data_plane_min_bytes when unset: a tensor of fewer bytes rides
+// the Pipe stream even on a data plane, since the data plane's rendezvous
+// (the receiver's ready notice before the bytes) costs more than it saves
+// below this (docs/benchmarks.md, "Eager below, rendezvous above").
+inline constexpr int64_t kDataPlaneMinBytes = int64_t{2} << 20;
 
 // The edge for schedule.transport `transport`: null for "grpc" (the stream
 // carries the bytes); FAILED_PRECONDITION naming the fix when this build

@@ -139,7 +139,7 @@ TEST(PipeWire, AOneSliceAlignedPayloadIsAdoptedNotCopied) {
 }
 
 TEST(PipeWire, ALargePayloadIsReceivedIntoARecycledBuffer) {
-  // 8 Mi floats = 32 MiB, BufferPool::kMinBytes: what glibc would map afresh.
+  // BufferPool::kMinBytes of floats: the smallest payload the pool takes.
   const int64_t n = static_cast<int64_t>(BufferPool::kMinBytes / sizeof(float));
   torch::Tensor t = torch::arange(n, torch::kFloat32);
   WireTensor wire;

@@ -104,6 +104,9 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
       !transport.empty() && transport != "grpc") {
     // One edge per neighbour stage; it connects from the compute thread
     // once the edge's stream is there (ConnectDataPlane).
+    host->data_plane_min_bytes_ = a.schedule().has_data_plane_min_bytes()
+                                      ? a.schedule().data_plane_min_bytes()
+                                      : kDataPlaneMinBytes;
     for (Side side : {Side::kUpstream, Side::kDownstream}) {
       if (side == Side::kUpstream ? host->runtime_->is_first() : host->runtime_->is_last()) {
         continue;
@@ -889,9 +892,15 @@ absl::Status StageHost::Send(Side side, v1::StageMessage message, WirePayload pa
   std::shared_ptr<PipeStream> link = Link(side);
   if (link == nullptr) return absl::FailedPreconditionError(absl::StrCat("no ", SideName(side)));
   DataPlaneEdge* edge = edge_[static_cast<int>(side)].get();
-  const bool plane = edge != nullptr && payload.size > 0;
-  if (plane)
+  // Eager below data_plane_min_bytes: the bytes ride the stream.
+  const bool plane = edge != nullptr && payload.size > 0 &&
+                     static_cast<int64_t>(payload.size) >= data_plane_min_bytes_;
+  if (plane) {
     MutablePayloadTensor(&message)->set_data_plane_bytes(static_cast<int64_t>(payload.size));
+    (side == Side::kUpstream ? metrics_->data_plane_gradient_bytes
+                             : metrics_->data_plane_activation_bytes)
+        ->Increment(static_cast<double>(payload.size));
+  }
   if (!link->Send(EncodePipeMessage(message, plane ? WirePayload{} : std::move(payload)))) {
     // The stream has reported its end (or we stop).
     return absl::UnavailableError(absl::StrCat("lost its ", SideName(side)));

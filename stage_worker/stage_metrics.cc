@@ -70,6 +70,11 @@ WorkerMetrics::WorkerMetrics(const std::string& device)
                 .Name("pipemare_stage_sent_bytes_total")
                 .Help("Tensor payload bytes sent: activations downstream, gradients upstream")
                 .Register(*registry_)),
+      data_plane_(BuildCounter()
+                      .Name("pipemare_stage_data_plane_sent_bytes_total")
+                      .Help("Of the tensor payload bytes sent, those that went over the data "
+                            "plane (schedule.transport gloo) instead of the Pipe stream")
+                      .Register(*registry_)),
       received_(BuildCounter()
                     .Name("pipemare_stage_received_bytes_total")
                     .Help("Tensor payload bytes received, by kind")
@@ -170,6 +175,8 @@ StageMetrics::StageMetrics(WorkerMetrics* owner, const Labels& l) : owner_(owner
   optimizer_steps = &w.steps_.Add(l);
   sent_activation_bytes = &w.sent_.Add(With(l, "kind", "activation"));
   sent_gradient_bytes = &w.sent_.Add(With(l, "kind", "gradient"));
+  data_plane_activation_bytes = &w.data_plane_.Add(With(l, "kind", "activation"));
+  data_plane_gradient_bytes = &w.data_plane_.Add(With(l, "kind", "gradient"));
   received_activation_bytes = &w.received_.Add(With(l, "kind", "activation"));
   received_gradient_bytes = &w.received_.Add(With(l, "kind", "gradient"));
   received_targets_bytes = &w.received_.Add(With(l, "kind", "targets"));
@@ -202,6 +209,8 @@ StageMetrics::~StageMetrics() {
   w.steps_.Remove(optimizer_steps);
   w.sent_.Remove(sent_activation_bytes);
   w.sent_.Remove(sent_gradient_bytes);
+  w.data_plane_.Remove(data_plane_activation_bytes);
+  w.data_plane_.Remove(data_plane_gradient_bytes);
   w.received_.Remove(received_activation_bytes);
   w.received_.Remove(received_gradient_bytes);
   w.received_.Remove(received_targets_bytes);

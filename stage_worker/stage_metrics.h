@@ -41,6 +41,10 @@ class StageMetrics {
   prometheus::Counter* optimizer_steps;
   prometheus::Counter* sent_activation_bytes;
   prometheus::Counter* sent_gradient_bytes;
+  // Of those, the bytes that went over the data plane (schedule.transport
+  // gloo, tensors of data_plane_min_bytes and more).
+  prometheus::Counter* data_plane_activation_bytes;
+  prometheus::Counter* data_plane_gradient_bytes;
   prometheus::Counter* received_activation_bytes;
   prometheus::Counter* received_gradient_bytes;
   prometheus::Counter* received_targets_bytes;
@@ -97,6 +101,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& microbatches_;
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Family<prometheus::Counter>& sent_;
+  prometheus::Family<prometheus::Counter>& data_plane_;
   prometheus::Family<prometheus::Counter>& received_;
   prometheus::Family<prometheus::Histogram>& checkpoint_snapshot_seconds_;
   prometheus::Family<prometheus::Histogram>& checkpoint_write_seconds_;

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/rpc.h"
 #include "common/security.h"
 #include "google/protobuf/util/json_util.h"
@@ -275,6 +276,23 @@ double PythonTestAccuracy(const std::string& exported) {
     return -1;
   }
   return accuracy;
+}
+
+double ScrapeSum(Cluster& cluster, const std::string& metric,
+                 const std::vector<std::string>& labels) {
+  double sum = 0;
+  const v1::ListWorkersResponse workers = cluster.Workers();
+  for (const auto& w : workers.workers()) {
+    for (absl::string_view line :
+         absl::StrSplit(HttpGet("http://" + w.metrics_address() + "/metrics"), '\n')) {
+      if (!absl::StartsWith(line, metric + "{")) continue;
+      bool all = true;
+      for (const auto& l : labels) all = all && absl::StrContains(line, l);
+      double v = 0;
+      if (all && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
+    }
+  }
+  return sum;
 }
 
 }  // namespace pipemare::testing

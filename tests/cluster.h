@@ -112,6 +112,11 @@ struct RawFeed {
   bool opened = false;
 };
 
+// Sum over every worker's /metrics of the samples of `metric` whose labels
+// contain each of `labels` (e.g. job_id="job-1").
+double ScrapeSum(Cluster& cluster, const std::string& metric,
+                 const std::vector<std::string>& labels);
+
 // A short MNIST job spec in YAML (real data, a few hundred steps).
 std::string ShortSpec(const std::string& name, const std::string& schedule, int stages,
                       int64_t train_limit, int epochs = 1);

@@ -116,25 +116,6 @@ TEST(EndToEnd, PipeDreamAndAsyncTrainWithTheAnalyticDelay) {
   }
 }
 
-// Sum over every worker's /metrics of the samples of `metric` whose labels
-// contain each of `labels` (e.g. job_id="job-1").
-double ScrapeSum(Cluster& cluster, const std::string& metric,
-                 const std::vector<std::string>& labels) {
-  double sum = 0;
-  const v1::ListWorkersResponse workers = cluster.Workers();
-  for (const auto& w : workers.workers()) {
-    for (absl::string_view line :
-         absl::StrSplit(HttpGet("http://" + w.metrics_address() + "/metrics"), '\n')) {
-      if (!absl::StartsWith(line, metric + "{")) continue;
-      bool all = true;
-      for (const auto& l : labels) all = all && absl::StrContains(line, l);
-      double v = 0;
-      if (all && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
-    }
-  }
-  return sum;
-}
-
 TEST(EndToEnd, Bfloat16WireHalvesTheBytesBetweenStagesAndStillTrains) {
   Cluster cluster(3);
   ASSERT_TRUE(cluster.ok());

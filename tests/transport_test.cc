@@ -1,13 +1,17 @@
 // schedule.transport through real processes: the same job over the default
-// gRPC stream and over the Gloo data plane trains to the same model; a worker
+// gRPC stream and over the Gloo data plane (every tensor, or only those of
+// data_plane_min_bytes and more) trains to the same model; a worker
 // killed mid-job on Gloo is recovered like one on gRPC, with no hang; workers
-// that serve TLS refuse Gloo; payloads of 32 MiB (the receive-buffer pool's)
-// train alike on both. Label: multiprocess.
+// that serve TLS refuse Gloo; payloads of 32 MiB (through the receive-buffer
+// pool and, on gloo, the data plane) train alike on both. Label: multiprocess.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <cmath>
 #include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -25,36 +29,63 @@ std::string WithTransport(const std::string& spec, const std::string& transport)
   return out;
 }
 
+// schedule.transport: gloo with every tensor over the Gloo pair, not only
+// those of 2 MiB and more (data_plane_min_bytes unset).
+constexpr char kEveryTensorOverGloo[] = "gloo, data_plane_min_bytes: 0";
+
+// The payload bytes job `id`'s stages sent, and of those the ones that went
+// over the data plane, from the workers' /metrics.
+std::pair<double, double> SentBytes(Cluster& cluster, const std::string& id) {
+  const std::vector<std::string> job = {absl::StrCat("job_id=\"", id, "\"")};
+  return {ScrapeSum(cluster, "pipemare_stage_sent_bytes_total", job),
+          ScrapeSum(cluster, "pipemare_stage_data_plane_sent_bytes_total", job)};
+}
+
 TEST(Transport, GlooAndGrpcTrainTheSameJobToTheSameModel) {
   Cluster cluster(3, {}, /*tls=*/false);
   ASSERT_TRUE(cluster.ok());
-  // Same seed, same plan: only how the bytes travel differs.
+  // Same seed, same plan: only how the bytes travel differs. The MLP's
+  // tensors are small (under 2 MiB): on plain gloo they ride the stream.
   const std::string base = ShortSpec("transport", "pipemare", 3, 6400);
-  v1::JobStatus jobs[2];
-  int i = 0;
-  for (const char* transport : {"grpc", "gloo"}) {
+  const char* transports[] = {"grpc", kEveryTensorOverGloo, "gloo"};
+  v1::JobStatus jobs[3];
+  std::pair<double, double> sent[3];
+  for (int i = 0; i < 3; ++i) {
     auto submit = cluster.Ctl(
-        {"submit", cluster.WriteSpec(transport, WithTransport(base, transport)), "--wait"}, 300);
+        {"submit", cluster.WriteSpec(absl::StrCat("spec", i), WithTransport(base, transports[i])),
+         "--wait"},
+        300);
     ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
     jobs[i] = cluster.Status(absl::StrCat("job-", i + 1));
-    ASSERT_EQ(jobs[i].state(), v1::SUCCEEDED) << transport << cluster.Logs();
-    ++i;
+    ASSERT_EQ(jobs[i].state(), v1::SUCCEEDED) << transports[i] << cluster.Logs();
+    sent[i] = SentBytes(cluster, absl::StrCat("job-", i + 1));
   }
   const std::string logs = cluster.Logs();
-  // Stage 1 connected both its edges over Gloo, stages 0 and 2 one each.
+  // In each gloo job stage 1 connected both its edges over Gloo, stages 0
+  // and 2 one each.
   size_t connected = 0;
   for (size_t at = logs.find("data plane (gloo)"); at != std::string::npos;
        at = logs.find("data plane (gloo)", at + 1)) {
     ++connected;
   }
-  EXPECT_EQ(connected, 4u) << logs;
-  std::cout << "test accuracy: grpc " << jobs[0].metrics().test_accuracy() << ", gloo "
-            << jobs[1].metrics().test_accuracy() << "; test loss: grpc "
-            << jobs[0].metrics().test_loss() << ", gloo " << jobs[1].metrics().test_loss() << "\n";
+  EXPECT_EQ(connected, 8u) << logs;
+  for (int i = 0; i < 3; ++i) {
+    std::cout << transports[i] << ": test accuracy " << jobs[i].metrics().test_accuracy()
+              << ", test loss " << jobs[i].metrics().test_loss() << ", sent " << sent[i].first
+              << " bytes, " << sent[i].second << " of them over the data plane\n";
+    EXPECT_GT(sent[i].first, 0) << transports[i];
+  }
+  EXPECT_EQ(sent[0].second, 0) << "grpc has no data plane";
+  EXPECT_EQ(sent[1].second, sent[1].first) << "data_plane_min_bytes 0: every tensor over Gloo";
+  EXPECT_EQ(sent[2].second, 0) << "tensors under 2 MiB ride the stream";
   EXPECT_GE(jobs[1].metrics().test_accuracy(), 0.8) << "a real model learns MNIST over Gloo";
-  EXPECT_NEAR(jobs[1].metrics().test_accuracy(), jobs[0].metrics().test_accuracy(), 0.002);
-  EXPECT_NEAR(jobs[1].metrics().test_loss(), jobs[0].metrics().test_loss(),
-              1e-3 * jobs[0].metrics().test_loss());
+  for (int i : {1, 2}) {
+    EXPECT_NEAR(jobs[i].metrics().test_accuracy(), jobs[0].metrics().test_accuracy(), 0.002)
+        << transports[i];
+    EXPECT_NEAR(jobs[i].metrics().test_loss(), jobs[0].metrics().test_loss(),
+                1e-3 * jobs[0].metrics().test_loss())
+        << transports[i];
+  }
 }
 
 TEST(Transport, PayloadsOf32MiBTrainTheSameModelOnBothTransports) {
@@ -83,6 +114,9 @@ train: {epochs: 2, seed: 3}
   }
   std::cout << "test accuracy: grpc " << jobs[0].metrics().test_accuracy() << ", gloo "
             << jobs[1].metrics().test_accuracy() << "\n";
+  const auto [sent, over_gloo] = SentBytes(cluster, "job-2");
+  EXPECT_GE(sent, 16.0 * (32 << 20)) << "2 epochs x 4 steps, an activation and a gradient each";
+  EXPECT_EQ(over_gloo, sent) << "tensors of 2 MiB and more go over Gloo";
   EXPECT_GE(jobs[0].metrics().test_accuracy(), 0.5) << "8 steps of 2048 examples learn";
   EXPECT_NEAR(jobs[1].metrics().test_accuracy(), jobs[0].metrics().test_accuracy(), 0.002);
   EXPECT_NEAR(jobs[1].metrics().test_loss(), jobs[0].metrics().test_loss(),
@@ -93,9 +127,10 @@ TEST(Transport, AKilledWorkerOnGlooIsRecoveredWithoutAHang) {
   Cluster cluster(4, {"--worker-timeout", "3"}, /*tls=*/false);
   ASSERT_TRUE(cluster.ok());
   const std::string spec = cluster.WriteSpec(
-      "gloo-recover", WithTransport(ShortSpec("gloo-recover", "pipemare", 3, 12800, 2), "gloo") +
-                          absl::StrCat("checkpoint: {every_steps: 100, keep: 2, dir: ",
-                                       cluster.dir(), "/checkpoints}\n"));
+      "gloo-recover",
+      WithTransport(ShortSpec("gloo-recover", "pipemare", 3, 12800, 2), kEveryTensorOverGloo) +
+          absl::StrCat("checkpoint: {every_steps: 100, keep: 2, dir: ", cluster.dir(),
+                       "/checkpoints}\n"));
   const std::string id = cluster.Submit(spec);
   ASSERT_FALSE(id.empty());
   v1::JobStatus job;
