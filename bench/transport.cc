@@ -1281,8 +1281,8 @@ int Main(int argc, char** argv) {
   std::string receive_pool = "on";
   app.add_option("--receive-pool", receive_pool,
                  "on: receivers copy payloads of BufferPool::kMinBytes (1 MiB) or more into "
-                 "recycled buffers "
-                 "(common/buffer_pool.h), as the workers do; off: into fresh ones")
+                 "recycled buffers (common/buffer_pool.h), as the workers do; off: into fresh "
+                 "ones")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 

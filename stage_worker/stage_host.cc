@@ -104,9 +104,6 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
       !transport.empty() && transport != "grpc") {
     // One edge per neighbour stage; it connects from the compute thread
     // once the edge's stream is there (ConnectDataPlane).
-    host->data_plane_min_bytes_ = a.schedule().has_data_plane_min_bytes()
-                                      ? a.schedule().data_plane_min_bytes()
-                                      : kDataPlaneMinBytes;
     for (Side side : {Side::kUpstream, Side::kDownstream}) {
       if (side == Side::kUpstream ? host->runtime_->is_first() : host->runtime_->is_last()) {
         continue;
@@ -893,8 +890,11 @@ absl::Status StageHost::Send(Side side, v1::StageMessage message, WirePayload pa
   if (link == nullptr) return absl::FailedPreconditionError(absl::StrCat("no ", SideName(side)));
   DataPlaneEdge* edge = edge_[static_cast<int>(side)].get();
   // Eager below data_plane_min_bytes: the bytes ride the stream.
-  const bool plane = edge != nullptr && payload.size > 0 &&
-                     static_cast<int64_t>(payload.size) >= data_plane_min_bytes_;
+  const v1::ScheduleSpec& schedule = assignment_.schedule();
+  const int64_t min_bytes =
+      schedule.has_data_plane_min_bytes() ? schedule.data_plane_min_bytes() : kDataPlaneMinBytes;
+  const bool plane =
+      edge != nullptr && payload.size > 0 && static_cast<int64_t>(payload.size) >= min_bytes;
   if (plane) {
     MutablePayloadTensor(&message)->set_data_plane_bytes(static_cast<int64_t>(payload.size));
     (side == Side::kUpstream ? metrics_->data_plane_gradient_bytes

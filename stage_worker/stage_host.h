@@ -193,7 +193,6 @@ class StageHost {
   // other than "grpc"; stage_worker/data_plane.h; else null). Set in Start, before any stream:
   // never reassigned.
   std::unique_ptr<DataPlaneEdge> edge_[kSides];
-  int64_t data_plane_min_bytes_ = 0;  // smaller tensors ride the stream; set with edge_
   std::deque<Event> activations_;
   std::deque<Event> gradients_;
   std::map<uint64_t, torch::Tensor> targets_;
