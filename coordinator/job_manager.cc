@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/data.h"
 #include "pipeline/file_access.h"
@@ -318,6 +319,7 @@ bool JobManager::ShuttingDown() {
 }
 
 void JobManager::SchedulerLoop() {
+  NameThisThread("job-scheduler");
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     cv_.wait_for(lock, std::chrono::milliseconds(500));
@@ -373,6 +375,7 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
             absl::StrCat("assigned to worker ", workers[i].id(), " at ", workers[i].address()));
   }
   runners_[id] = std::thread([this, id, workers = std::move(workers), flag]() mutable {
+    NameThisThread("job-runner");
     const absl::Status result = RunJob(id, std::move(workers), *flag);
     registry_->Release(id);
     if (result.ok()) {

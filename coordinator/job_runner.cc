@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/pipe_stream.h"
 #include "common/rpc.h"
+#include "common/thread_name.h"
 #include "google/protobuf/util/json_util.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/data.h"
@@ -530,6 +531,7 @@ void JobRunner::Impl::StopCommitter() {
 }
 
 void JobRunner::Impl::CommitterLoop() {
+  NameThisThread("ckpt-committer");
   const int64_t every = spec_.checkpoint().every_steps();
   for (;;) {
     {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "common/thread_name.h"
 #include "pipeline/torch_codec.h"
 #include "stage_worker/tensor_wire.h"
 
@@ -243,6 +244,7 @@ void StageHost::Stop() {
 }
 
 void StageHost::CheckpointLoop() {
+  NameThisThread("stage-ckpt");
   // Writing a cut is background work: on a host whose cores are all busy
   // training it runs on what the compute threads leave (Linux nice is per
   // thread). Failing to lower it is harmless.
@@ -661,6 +663,7 @@ absl::Status StageHost::CutAt(int64_t step) {
 }
 
 void StageHost::ComputeLoop() {
+  NameThisThread("stage-compute");
   // OpenMP's thread count is per thread: without this, a new thread runs
   // LibTorch's and OpenBLAS's parallel regions with one OpenMP thread per
   // core, whatever --threads says, and the idle ones spin after every region
