@@ -44,14 +44,18 @@ ctl() { "$bin/pipemarectl" --coordinator "$addr" "$@"; }
 # its final status in STATUS_JSON and prints the job id.
 run_job() {
   local id
-  id=$(ctl submit "$1" --output json | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+  id=$(ctl submit "$1" --output json | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])') || true
+  if [ -z "$id" ]; then
+    echo "run_job: the coordinator did not accept $1 (its reason is above)" >&2
+    return 1
+  fi
   # One watcher that sleeps until the job ends (pipemarectl watch), then its
   # final status. A loop that ran pipemarectl and python3 every half second
   # took a quarter of a 2-core host's CPU from the pipeline it measured
   # (perf, bench/overhead.sh at 8 KiB: python3 is a pyenv shell shim here).
   while true; do
     ctl watch "$id" >/dev/null 2>&1 || sleep 0.5
-    ctl status "$id" --output json >"$2"
+    ctl status "$id" --output json >"$2" || return 1
     case $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["state"])' "$2") in
       SUCCEEDED | FAILED | CANCELLED) break ;;
     esac

@@ -921,6 +921,9 @@ absl::StatusOr<std::vector<v1::StageAssignment>> JobRunner::Impl::PlanRun() {
     a.set_checkpoint_dir(checkpoint_dir_);
     a.set_generation(r_.context_->generation);
     for (int64_t dim : plan->units[a.first_unit()].in.shape) a.add_input_shape(dim);
+    for (int64_t dim : plan->units[a.first_unit() + a.units() - 1].out.shape) {
+      a.add_output_shape(dim);
+    }
     a.set_token_input(plan->units[a.first_unit()].in.tokens);
     a.set_torchscript(plan->torchscript);
   }

@@ -21,6 +21,11 @@ namespace {
 
 constexpr double kConnectSeconds = 10;
 
+// schedule.data_plane_min_bytes, or its default.
+int64_t DataPlaneMinBytes(const v1::ScheduleSpec& schedule) {
+  return schedule.has_data_plane_min_bytes() ? schedule.data_plane_min_bytes() : kDataPlaneMinBytes;
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -109,6 +114,22 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
       if (side == Side::kUpstream ? host->runtime_->is_first() : host->runtime_->is_last()) {
         continue;
       }
+      // The largest tensor this edge carries: a microbatch of activations
+      // down, or of their gradients up, in the wire dtype. Both ends work it
+      // out from the same shape pass, so both skip an edge whose tensors
+      // all ride the stream (its idle Gloo pair would still wake its loop
+      // thread 100 times a second).
+      const auto& shape = side == Side::kUpstream ? a.input_shape() : a.output_shape();
+      if (shape.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            side == Side::kUpstream ? "input_shape" : "output_shape",
+            ": required on schedule.transport ", transport,
+            " for a stage with that neighbour (the coordinator's shape pass sets it)"));
+      }
+      double edge_bytes = static_cast<double>(a.schedule().microbatch_size()) *
+                          torch::elementSize(host->wire_dtype_.value_or(torch::kFloat32));
+      for (int64_t dim : shape) edge_bytes *= static_cast<double>(dim);
+      if (edge_bytes < static_cast<double>(DataPlaneMinBytes(a.schedule()))) continue;
       DataPlaneEdge::Options o;
       o.rank = side == Side::kUpstream ? 1 : 0;
       o.bind_host = HostOf(self_address);
@@ -705,22 +726,50 @@ void StageHost::ComputeLoop() {
 }
 
 absl::Status StageHost::ConnectDataPlane() {
-  for (Side side : {Side::kUpstream, Side::kDownstream}) {
+  // Both edges at once. One after the other, a stage's downstream pair
+  // waited for its upstream one, so a pipeline's pairs connected in a
+  // chain, stage after stage, while the first microbatches waited.
+  std::atomic<bool> given_up{false};
+  auto connect = [&](Side side) -> absl::Status {
     DataPlaneEdge* edge = edge_[static_cast<int>(side)].get();
-    if (edge == nullptr) continue;
+    if (edge == nullptr) return absl::OkStatus();
     {
       // The upstream stream arrives when the stage above starts.
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || failed_ || link_[static_cast<int>(side)]; });
-      if (stopping_ || failed_) return absl::CancelledError("the stage stops");
+      cv_.wait(lock,
+               [&] { return stopping_ || failed_ || given_up || link_[static_cast<int>(side)]; });
+      if (stopping_ || failed_ || given_up) return absl::CancelledError("the stage stops");
     }
     const auto start = std::chrono::steady_clock::now();
-    if (auto st = edge->Connect(); !st.ok()) return st;
+    absl::Status st = edge->Connect();
+    if (!st.ok()) return st;
     LogInfo(ForStage(assignment_.job_id(), assignment_.stage()),
             absl::StrCat("data plane (", assignment_.schedule().transport(), ") to the ",
                          SideName(side), " connected in ", SecondsSince(start), " s"));
-  }
-  return absl::OkStatus();
+    return st;
+  };
+  // The first failure stops the other side's wait at once.
+  auto give_up = [&](Side other, const absl::Status& why) {
+    if (why.ok()) return;
+    given_up = true;
+    if (DataPlaneEdge* edge = edge_[static_cast<int>(other)].get()) {
+      edge->Abort(std::string(why.message()));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  };
+  absl::Status downstream;
+  std::thread helper([&] {
+    NameThisThread("stage-connect");
+    downstream = connect(Side::kDownstream);
+    give_up(Side::kUpstream, downstream);
+  });
+  absl::Status upstream = connect(Side::kUpstream);
+  give_up(Side::kDownstream, upstream);
+  helper.join();
+  // The cause, not the other side's cancellation.
+  if (!upstream.ok() && !absl::IsCancelled(upstream)) return upstream;
+  return downstream.ok() ? upstream : downstream;
 }
 
 absl::StatusOr<torch::Tensor> StageHost::ReceiveTensor(
@@ -893,11 +942,9 @@ absl::Status StageHost::Send(Side side, v1::StageMessage message, WirePayload pa
   if (link == nullptr) return absl::FailedPreconditionError(absl::StrCat("no ", SideName(side)));
   DataPlaneEdge* edge = edge_[static_cast<int>(side)].get();
   // Eager below data_plane_min_bytes: the bytes ride the stream.
-  const v1::ScheduleSpec& schedule = assignment_.schedule();
-  const int64_t min_bytes =
-      schedule.has_data_plane_min_bytes() ? schedule.data_plane_min_bytes() : kDataPlaneMinBytes;
   const bool plane =
-      edge != nullptr && payload.size > 0 && static_cast<int64_t>(payload.size) >= min_bytes;
+      edge != nullptr && payload.size > 0 &&
+      static_cast<int64_t>(payload.size) >= DataPlaneMinBytes(assignment_.schedule());
   if (plane) {
     MutablePayloadTensor(&message)->set_data_plane_bytes(static_cast<int64_t>(payload.size));
     (side == Side::kUpstream ? metrics_->data_plane_gradient_bytes
