@@ -120,7 +120,7 @@ struct BenchServer {
 absl::StatusOr<BenchServer> StartBenchServer(const std::function<void(grpc::ServerBuilder&)>& add) {
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  ListenExclusively(builder, "127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   ApplyServerOptions(builder);
   if (g_max_frame_size > 0) {
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, g_max_frame_size);

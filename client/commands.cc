@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "client/follow.h"
 #include "client/format.h"
@@ -48,6 +49,22 @@ int Follow(v1::Coordinator::Stub& stub, const GlobalOptions& options, const std:
 
 }  // namespace
 
+// `text` inside a JSON string literal.
+std::string JsonEscape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += Format("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(const std::string& address) {
   return v1::Coordinator::NewStub(MakeChannel(address));
 }
@@ -61,7 +78,8 @@ int ReportRpcError(const grpc::Status& status, const std::string& address) {
                    "error: cannot reach coordinator at %s (is it running? set "
                    "--coordinator or PIPEMARE_COORDINATOR; a TLS handshake that fails also "
                    "ends here: --insecure for a plaintext coordinator, --tls-ca for one whose "
-                   "CA this host does not trust): %s\n",
+                   "CA this host does not trust, and a host its certificate does not name: "
+                   "use a name it holds, e.g. one given to dev-ca --coordinator-host): %s\n",
                    address.c_str(), message.c_str());
       return kExitFailed;
     case grpc::StatusCode::UNAUTHENTICATED:
@@ -88,6 +106,15 @@ absl::StatusOr<v1::JobSpec> LoadValidSpec(const std::string& path) {
   if (!status.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
     return status;
+  }
+  const auto& schedule = spec->schedule();
+  if (schedule.type() != "gpipe" && spec->train().epochs() > 0 &&
+      schedule.warmup_epochs() >= spec->train().epochs()) {
+    std::fprintf(stderr,
+                 "warning: schedule.warmup_epochs %g covers all %d of train.epochs: this job "
+                 "trains synchronously throughout and never runs %s; lower warmup_epochs or "
+                 "raise train.epochs\n",
+                 schedule.warmup_epochs(), spec->train().epochs(), schedule.type().c_str());
   }
   return spec;
 }
@@ -168,6 +195,25 @@ int RunCancel(const GlobalOptions& options, const std::string& job_id) {
   v1::JobStatus job;
   grpc::Status status = stub->CancelJob(context.get(), request, &job);
   if (!status.ok()) return ReportRpcError(status, options.coordinator);
+  // A running job drains to a checkpoint first (seconds): show how it ended,
+  // not the RUNNING it still was when the coordinator answered.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  if (!IsTerminal(job.state()) && options.output != OutputFormat::kJson) {
+    std::fprintf(stderr, "cancelling %s: cutting a checkpoint so that it can be resumed...\n",
+                 job_id.c_str());
+  }
+  while (!IsTerminal(job.state()) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto get_context = ContextWithDeadline(kRpcDeadlineSeconds);
+    v1::GetJobRequest get;
+    get.set_id(job_id);
+    v1::JobStatus now;
+    if (stub->GetJob(get_context.get(), get, &now).ok()) job = std::move(now);
+  }
+  if (!IsTerminal(job.state())) {
+    std::fprintf(stderr, "%s is still %s: it stops at its next step (pipemarectl watch %s)\n",
+                 job_id.c_str(), v1::JobState_Name(job.state()).c_str(), job_id.c_str());
+  }
   if (options.output == OutputFormat::kJson) {
     PrintJson(job);
   } else {
@@ -225,6 +271,15 @@ int RunExport(const GlobalOptions& options, const std::string& job_id, int64_t s
                "exported %s at step %lld to %s (%s, %zu bytes; spec and input in %s.json)\n",
                job_id.c_str(), static_cast<long long>(response.step()), out.c_str(),
                response.format().c_str(), response.model().size(), out.c_str());
+  if (options.output == OutputFormat::kJson) {
+    std::printf(
+        "{\"job\": \"%s\", \"step\": %lld, \"out\": \"%s\", \"spec\": \"%s.json\", "
+        "\"format\": \"%s\", \"bytes\": %zu}\n",
+        JsonEscape(job_id).c_str(), static_cast<long long>(response.step()),
+        JsonEscape(out).c_str(), JsonEscape(out).c_str(), JsonEscape(response.format()).c_str(),
+        response.model().size());
+    std::fflush(stdout);
+  }
   return kExitOk;
 }
 

@@ -44,6 +44,9 @@ int ReportRpcError(const grpc::Status& status, const std::string& address);
 // "error: <message>" and returns the error.
 absl::StatusOr<v1::JobSpec> LoadValidSpec(const std::string& path);
 
+// `text` inside a JSON string literal (quotes and control characters escaped).
+std::string JsonEscape(const std::string& text);
+
 // Prints `job` as `status` does: a table or JSON on stdout.
 void PrintJobStatus(const v1::JobStatus& job, OutputFormat output);
 

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,35 @@ FollowResult FollowJob(v1::Coordinator::StubInterface& stub, const std::string& 
     return result;
   };
 
+  // Since when the coordinator has been unreachable (a restart), if it is.
+  std::optional<Clock::time_point> unreachable_since;
+  // A failure that a coordinator restart explains: wait and watch again
+  // (true), or give up (false) once reconnect_seconds have passed.
+  auto retry_after = [&](const grpc::Status& status) {
+    const auto code = status.error_code();
+    if (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED &&
+        code != grpc::StatusCode::CANCELLED && code != grpc::StatusCode::UNKNOWN) {
+      return false;
+    }
+    if (!unreachable_since) {
+      unreachable_since = Clock::now();
+      printer.Note(
+          Format("the coordinator at %s is not answering (%s); reconnecting for up to "
+                 "%.0f s (the job goes on without this watch)",
+                 options.address.c_str(), std::string(FromGrpc(status).message()).c_str(),
+                 options.reconnect_seconds));
+    }
+    if (Clock::now() - *unreachable_since >
+        std::chrono::milliseconds(static_cast<int64_t>(options.reconnect_seconds * 1000))) {
+      return false;
+    }
+    return SleepUnlessInterrupted(1.0);
+  };
+  auto reached = [&] {
+    if (unreachable_since) printer.Note("reconnected to the coordinator");
+    unreachable_since.reset();
+  };
+
   while (true) {
     // One WatchJob stream. The blocking Read runs here; a helper thread
     // cancels the call on SIGINT/SIGTERM or when the stream goes quiet, and
@@ -116,6 +146,7 @@ FollowResult FollowJob(v1::Coordinator::StubInterface& stub, const std::string& 
         stub.WatchJob(&context, request);
     v1::JobEvent event;
     while (reader->Read(&event)) {
+      if (!got_message) reached();
       last_message_ms = since_start_ms();
       got_message = true;
       seen_job = true;
@@ -146,6 +177,8 @@ FollowResult FollowJob(v1::Coordinator::StubInterface& stub, const std::string& 
         result.exit_code = ReportRpcError(status, options.address);
         return result;
       }
+      if (retry_after(status)) continue;
+      if (Interrupted()) continue;  // reported at the top of the loop
       return lost(status, "");
     }
 
@@ -163,11 +196,14 @@ FollowResult FollowJob(v1::Coordinator::StubInterface& stub, const std::string& 
         result.exit_code = ReportRpcError(get_status, options.address);
         return result;
       }
+      if (seen_job && retry_after(get_status)) continue;
+      if (Interrupted()) continue;
       return lost(get_status,
                   cause == CancelCause::kIdle
                       ? Format("no update for %.0f s and GetJob failed: ", options.idle_seconds)
                       : "");
     }
+    reached();
     seen_job = true;
     result.job = job;
     printer.Update(job);

@@ -32,6 +32,10 @@ struct FollowOptions {
   // With no message on the stream for this long, ask GetJob whether the
   // coordinator is still there.
   double idle_seconds = 60;
+  // When the coordinator cannot be reached after the job was seen (it
+  // restarts: a SIGTERM drain or a crash), keep trying for this long before
+  // giving up; the job goes on without the watcher.
+  double reconnect_seconds = 300;
   // Called about every 0.5 s from a helper thread while following; each
   // returned line is printed on stderr as a note.
   std::function<std::vector<std::string>()> poll;

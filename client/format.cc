@@ -479,9 +479,13 @@ void ProgressPrinter::Update(const v1::JobStatus& job) {
   }
   // A line per newly finished epoch (a job that already ended gets its epoch
   // table from the caller instead).
-  int from = first ? (IsTerminal(job.state()) ? job.epochs_size() : 0) : previous.epochs_size();
-  for (int i = from; i < job.epochs_size(); ++i) {
-    std::fprintf(out_, "%s\n", EpochLine(job, job.epochs(i)).c_str());
+  // table from the caller instead). Each epoch once: a resume from a cut
+  // inside an epoch takes its result back and reports it again at its end.
+  for (const auto& epoch : job.epochs()) {
+    if (epoch.epoch() <= last_epoch_printed_) continue;
+    last_epoch_printed_ = epoch.epoch();
+    if (first && IsTerminal(job.state())) continue;
+    std::fprintf(out_, "%s\n", EpochLine(job, epoch).c_str());
     printed = true;
   }
   // Otherwise a progress line now and then.

@@ -107,6 +107,7 @@ class ProgressPrinter {
   v1::JobStatus last_;
   size_t drawn_width_ = 0;         // live: characters of the line on screen
   double last_plain_line_ = -1e9;  // monotonic seconds
+  int last_epoch_printed_ = 0;     // plain: the newest epoch line printed
 };
 
 }  // namespace pipemare::client

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -195,6 +196,51 @@ TEST(RenderJobStatus, ClassifiersShowNoPerplexity) {
   const std::string out = RenderJobStatus(lm);
   EXPECT_TRUE(absl::StrContains(out, "token accuracy 43.2%, 0 samples/s")) << out;
   EXPECT_FALSE(absl::StrContains(out, "PPL")) << out;
+}
+
+}  // namespace
+}  // namespace pipemare::client
+
+namespace pipemare::client {
+namespace {
+
+// A resume from a cut inside epoch 1 takes epoch 1's result back and reports
+// it again at its end: a watch prints each epoch once.
+TEST(ProgressPrinter, PrintsEachEpochOnceAcrossAResume) {
+  FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  {
+    ProgressPrinter printer(out, /*live=*/false);
+    v1::JobStatus job;
+    job.set_id("job-1");
+    job.set_state(v1::RUNNING);
+    job.mutable_progress()->set_epoch(1);
+    job.mutable_progress()->set_epochs(3);
+    printer.Update(job);
+    job.add_epochs()->set_epoch(1);
+    printer.Update(job);
+    job.clear_epochs();  // resumed from a cut inside epoch 1
+    job.set_state(v1::PENDING);
+    printer.Update(job);
+    job.set_state(v1::RUNNING);
+    printer.Update(job);
+    job.add_epochs()->set_epoch(1);
+    printer.Update(job);
+    job.add_epochs()->set_epoch(2);
+    printer.Update(job);
+  }
+  std::rewind(out);
+  std::string text;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), out)) > 0;) text.append(buffer, n);
+  std::fclose(out);
+  int ones = 0, twos = 0;
+  for (const auto& line : absl::StrSplit(text, '\n')) {
+    ones += absl::StrContains(line, "epoch 1/3 done");
+    twos += absl::StrContains(line, "epoch 2/3 done");
+  }
+  EXPECT_EQ(ones, 1) << text;
+  EXPECT_EQ(twos, 1) << text;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -167,6 +168,11 @@ class LocalCluster {
   // The last lines of each child's log (or only `name`'s), on stderr.
   void PrintLogTails(const std::string& name = "");
 
+  // Renames each registered worker's log after the id the coordinator gave
+  // it (DIR/w-3.log holds w-3), as `workers` and the coordinator's log name
+  // them.
+  void NameWorkerLogsByWorkerId();
+
  private:
   Child* Find(const std::string& name);
 
@@ -190,6 +196,14 @@ absl::Status LocalCluster::Start(const std::string& name, const std::string& bin
   std::vector<char*> argv;
   for (auto& arg : argv_text) argv.push_back(arg.data());
   argv.push_back(nullptr);
+  // The children get their settings from these flags alone: a PIPEMARE_*
+  // variable of the user's shell (PIPEMARE_INSECURE, PIPEMARE_METRICS_LISTEN,
+  // ...) would otherwise add to or contradict them.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "PIPEMARE_", 9) != 0) envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
 
   int log_fd = open(child.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log_fd < 0) {
@@ -218,8 +232,8 @@ absl::Status LocalCluster::Start(const std::string& name, const std::string& bin
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv(argv[0], argv.data());
-    static const char kMessage[] = "pipemarectl: execv failed\n";
+    execve(argv[0], argv.data(), envp.data());
+    static const char kMessage[] = "pipemarectl: execve failed\n";
     ssize_t ignored = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
     (void)ignored;
     _exit(127);
@@ -326,6 +340,36 @@ void LocalCluster::PrintLogTails(const std::string& name) {
   std::fflush(stderr);
 }
 
+void LocalCluster::NameWorkerLogsByWorkerId() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The worker logs "registered with coordinator ADDRESS as ID[, ...]".
+  static constexpr char kRegistered[] = "registered with coordinator ";
+  for (Child& child : children_) {
+    if (child.name.rfind("worker-process-", 0) != 0) continue;
+    std::ifstream in(child.log_path);
+    std::string line, id;
+    while (id.empty() && std::getline(in, line)) {
+      size_t at = line.find(kRegistered);
+      if (at == std::string::npos) continue;
+      at = line.find(" as ", at);
+      if (at == std::string::npos) continue;
+      at += 4;
+      size_t end = at;
+      while (end < line.size() && (std::isalnum(static_cast<unsigned char>(line[end])) ||
+                                   line[end] == '-' || line[end] == '_')) {
+        ++end;
+      }
+      id = line.substr(at, end - at);
+    }
+    if (id.empty()) continue;
+    const std::string path = absl::StrCat(dir_, "/", id, ".log");
+    if (std::rename(child.log_path.c_str(), path.c_str()) == 0) {
+      child.name = id;
+      child.log_path = path;
+    }
+  }
+}
+
 // Starts the coordinator and waits for its address file. Returns its
 // address, or an error (CANCELLED when interrupted).
 absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster, const std::string& binary,
@@ -378,7 +422,7 @@ absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
                                      "--workers-per-host", std::to_string(count),
                                      "--metrics-listen",   "127.0.0.1:0"};
     args.insert(args.end(), security.begin(), security.end());
-    absl::Status started = cluster.Start(absl::StrCat("worker-", k), binary, args);
+    absl::Status started = cluster.Start(absl::StrCat("worker-process-", k), binary, args);
     if (!started.ok()) return started;
   }
 
@@ -399,6 +443,7 @@ absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
         if (worker.state() == v1::IDLE) ++idle;
       }
       if (idle >= count) {
+        cluster.NameWorkerLogsByWorkerId();
         const std::string coordinator_metrics = ReadTrimmed(cluster.dir() + "/coordinator.metrics");
         std::vector<std::string> worker_metrics;
         for (const auto& worker : response.workers()) {
@@ -440,6 +485,7 @@ int SubmitAndFollow(LocalCluster& cluster, const GlobalOptions& options, const v
   follow.address = options.coordinator;
   follow.output = options.output;
   follow.print_summary = false;  // the full status follows
+  follow.reconnect_seconds = 5;  // this coordinator does not come back
   follow.poll = [&cluster] {
     std::vector<std::string> notes = cluster.ReapExited();
     for (auto& note : notes) note = absl::StrCat("note: ", note);
@@ -485,10 +531,12 @@ int RunLocal(const GlobalOptions& options, const LocalOptions& local) {
   if (!spec.ok()) return kExitBadInput;
   const int workers = local.workers > 0 ? local.workers : spec->schedule().stages();
   if (workers < spec->schedule().stages()) {
+    // Nothing else would ever come to this cluster: the job would wait forever.
     std::fprintf(stderr,
-                 "warning: %d workers for %d stages: the job will wait for "
-                 "more workers\n",
-                 workers, spec->schedule().stages());
+                 "error: --workers %d: the job has %d stages (schedule.stages) and each needs a "
+                 "worker; give --workers %d or more, or leave it out\n",
+                 workers, spec->schedule().stages(), spec->schedule().stages());
+    return kExitBadInput;
   }
 
   absl::StatusOr<std::string> bin_dir = BinaryDir();

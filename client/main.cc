@@ -1,10 +1,14 @@
 // pipemarectl: the command-line client of a Pipemare coordinator, and a
 // launcher for one-machine runs (`pipemarectl local`).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/commands.h"
 #include "client/local.h"
@@ -19,6 +23,22 @@ namespace {
 std::string DefaultCoordinator() {
   const char* env = std::getenv("PIPEMARE_COORDINATOR");
   return env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
+}
+
+// Levenshtein distance, for "did you mean".
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
 }
 
 int Main(int argc, char** argv) {
@@ -133,6 +153,10 @@ int Main(int argc, char** argv) {
   dev_ca_cmd->add_option("--worker-host", worker_hosts,
                          "One worker certificate per use, naming HOST[,HOST...]: the addresses "
                          "that worker may advertise (default: one for 127.0.0.1,localhost)");
+  bool dev_ca_force = false;
+  dev_ca_cmd->add_flag("--force", dev_ca_force,
+                       "Replace a CA already in --out (every certificate and token it made "
+                       "stops working)");
   dev_ca_cmd->add_option("--days", dev_ca.days, "Days the certificates are valid")
       ->check(CLI::Range(1, 3650))
       ->capture_default_str();
@@ -153,6 +177,35 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
+  // A misspelt command reads as "no command" to CLI11: name it instead.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.empty() || arg[0] == '-') {
+      // An option of pipemarectl's own that takes a value skips that value.
+      if ((arg == "--coordinator" || arg == "--output" || arg == "-o" || arg == "--tls-ca" ||
+           arg == "--token-file") &&
+          i + 1 < argc) {
+        ++i;
+      }
+      continue;
+    }
+    bool known = false;
+    std::string closest;
+    size_t closest_distance = 3;  // suggest only near misses
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      const std::string& name = sub->get_name();
+      if (name == arg) known = true;
+      const size_t d = EditDistance(arg, name);
+      if (d < closest_distance) closest_distance = d, closest = name;
+    }
+    if (!known) {
+      std::fprintf(stderr, "error: unknown command '%s'%s; run pipemarectl --help for the list\n",
+                   arg.c_str(),
+                   closest.empty() ? "" : absl::StrCat(" (did you mean '", closest, "'?)").c_str());
+      return kExitBadInput;
+    }
+    break;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -160,6 +213,8 @@ int Main(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitBadInput;
   }
   options.output = output == "json" ? OutputFormat::kJson : OutputFormat::kTable;
+  const bool json = options.output == OutputFormat::kJson;
+  simulate.json = json;
   if (*simulate_cmd) return RunSimulate(simulate);
   if (*health_cmd) {
     auto serving = CheckServing(health_address, health_service, health_timeout);
@@ -168,13 +223,25 @@ int Main(int argc, char** argv) {
     if (!serving.ok()) {
       std::fprintf(stderr, "%s: no answer: %s\n", what.c_str(),
                    std::string(serving.status().message()).c_str());
+      if (json) {
+        std::printf("{\"address\": \"%s\", \"service\": \"%s\", \"status\": \"NO_ANSWER\"}\n",
+                    JsonEscape(health_address).c_str(), JsonEscape(health_service).c_str());
+      }
       return kExitFailed;
     }
-    std::printf("%s: %s\n", what.c_str(), *serving ? "SERVING" : "NOT_SERVING");
+    if (json) {
+      std::printf("{\"address\": \"%s\", \"service\": \"%s\", \"status\": \"%s\"}\n",
+                  JsonEscape(health_address).c_str(), JsonEscape(health_service).c_str(),
+                  *serving ? "SERVING" : "NOT_SERVING");
+    } else {
+      std::printf("%s: %s\n", what.c_str(), *serving ? "SERVING" : "NOT_SERVING");
+    }
     return *serving ? kExitOk : kExitFailed;
   }
   if (*dev_ca_cmd) {
+    dev_ca.replace = dev_ca_force;
     if (!worker_hosts.empty()) {
+      dev_ca.name_workers_by_host = true;
       dev_ca.workers.clear();
       for (const std::string& hosts : worker_hosts) {
         dev_ca.workers.push_back(absl::StrSplit(hosts, ',', absl::SkipEmpty()));
@@ -185,14 +252,19 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "error: %s\n", std::string(pki.status().message()).c_str());
       return kExitFailed;
     }
+    std::string worker_files;
+    for (const std::string& cert : pki->worker_certs) {
+      const std::string base = std::filesystem::path(cert).filename().string();
+      absl::StrAppend(&worker_files, worker_files.empty() ? "" : ", ", base, " (.key)");
+    }
     std::printf(
         "wrote to %s:\n"
         "  ca.pem (ca.key)        the cluster CA: every service's --tls-ca, a client's --tls-ca\n"
         "  coordinator.pem/.key   the coordinator's --tls-cert/--tls-key\n"
-        "  worker*.pem/.key       each worker's --tls-cert/--tls-key\n"
+        "  worker certificates    %s: each worker's --tls-cert/--tls-key\n"
         "  tokens                 the coordinator's --tokens-file (admin: submit, viewer: read)\n"
         "  submit.token           a client's --token-file for admin; read.token for viewer\n",
-        dev_ca.dir.c_str());
+        dev_ca.dir.c_str(), worker_files.c_str());
     return kExitOk;
   }
   if (*local_cmd) {

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -34,6 +36,41 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
   const Prediction p = PredictPlan(*plan, 1, options.backward_cost);
   const Prediction g = PredictPlan(*gpipe, 1, options.backward_cost);
   const int P = s.stages(), N = s.microbatches_per_step();
+  // With a synchronous warm-up, the asynchronous phase that follows it on
+  // its own (the warm-up itself runs as gpipe does).
+  std::optional<Prediction> after_warmup;
+  if (s.type() != "gpipe" && warmup > 0) {
+    PlanOptions async_options = plan_options;
+    async_options.schedule = s.type();
+    async_options.warmup_steps = 0;
+    auto async_plan = BuildPlan(async_options);
+    if (!async_plan.ok()) return async_plan.status();
+    after_warmup = PredictPlan(*async_plan, 1, options.backward_cost);
+  }
+  if (options.json) {
+    nlohmann::json j = {{"schedule", s.type()},
+                        {"stages", P},
+                        {"microbatches_per_step", N},
+                        {"steps", options.steps},
+                        {"warmup_steps", warmup},
+                        {"backward_cost", options.backward_cost},
+                        {"predicted_utilization", p.mean_utilization},
+                        {"gpipe_utilization", g.mean_utilization},
+                        {"throughput_vs_gpipe", g.makespan / p.makespan},
+                        {"per_stage", nlohmann::json::array()}};
+    if (after_warmup) {
+      j["after_warmup_utilization"] = after_warmup->mean_utilization;
+      j["after_warmup_throughput_vs_gpipe"] = g.makespan / after_warmup->makespan;
+    }
+    for (int i = 0; i < P; ++i) {
+      const StagePrediction& st = p.stages[i];
+      j["per_stage"].push_back({{"stage", i},
+                                {"tau", st.max_delay},
+                                {"mean_delay", st.mean_delay},
+                                {"utilization", st.utilization}});
+    }
+    return j.dump(2) + "\n";
+  }
   std::string out = Format("plan: %s, P=%d stages, N=%d microbatches per step, %lld steps",
                            s.type().c_str(), P, N, static_cast<long long>(options.steps));
   if (s.type() != "gpipe" && warmup > 0) {
@@ -77,6 +114,15 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
              "(N/(N+P-1) = %.1f%%); throughput %.2fx gpipe's\n",
              100 * p.mean_utilization, 100 * g.mean_utilization, 100.0 * N / (N + P - 1),
              g.makespan / p.makespan),
+      after_warmup
+          ? Format("after the synchronous warm-up of %lld steps: %.1f%%, throughput %.2fx "
+                   "gpipe's%s\n",
+                   static_cast<long long>(warmup), 100 * after_warmup->mean_utilization,
+                   g.makespan / after_warmup->makespan,
+                   warmup >= options.steps
+                       ? " (the simulated steps are all warm-up: raise --steps to see both)"
+                       : "")
+          : std::string(),
       Format("(model of time: a forward costs 1 and a backward %.3g per microbatch on every "
              "stage; steps and transfers are free)\n",
              options.backward_cost));

@@ -17,6 +17,7 @@ struct SimulateOptions {
   int64_t steps = 100;       // optimizer steps in the simulated epoch
   int show = 24;             // actions printed per stage (0 = all)
   double backward_cost = 2;  // a backward's cost relative to a forward's
+  bool json = false;         // one JSON document instead of the text report
 };
 
 // The report for a validated spec; INVALID_ARGUMENT naming the option or

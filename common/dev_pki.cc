@@ -13,8 +13,10 @@
 #include <fstream>
 #include <memory>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "common/security.h"
 
 namespace pipemare {
@@ -127,6 +129,12 @@ absl::StatusOr<DevPki> MakeDevPki(const DevPkiOptions& options) {
   std::filesystem::create_directories(options.dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(options.dir, ": ", ec.message()));
   const std::string dir = options.dir + "/";
+  if (!options.replace && std::filesystem::exists(dir + "ca.pem")) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        dir,
+        "ca.pem exists: a new CA would stop every certificate and token made with it from "
+        "working; give another --out, or --force to replace them"));
+  }
   DevPki pki;
   KeyPtr ca_key(EVP_EC_gen("P-256"));
   if (!ca_key) return absl::InternalError("cannot generate a key (OpenSSL)");
@@ -158,7 +166,10 @@ absl::StatusOr<DevPki> MakeDevPki(const DevPkiOptions& options) {
   for (const auto& hosts : options.workers) {
     if (hosts.empty()) return absl::InvalidArgumentError("a worker certificate needs a host");
     const std::string stem =
-        options.workers.size() == 1 ? "worker" : absl::StrCat("worker-", hosts.front());
+        options.workers.size() == 1 && (!options.name_workers_by_host || hosts.size() > 1 ||
+                                        absl::StrContains(hosts.front(), '*'))
+            ? "worker"
+            : absl::StrCat("worker-", absl::StrReplaceAll(hosts.front(), {{"*", "wildcard"}}));
     std::string cert, key;
     if (auto st = issue(stem, kWorkerName, hosts, &cert, &key); !st.ok()) return st;
     pki.worker_certs.push_back(cert);

@@ -21,6 +21,14 @@ struct DevPkiOptions {
   // may register only an address its certificate names).
   std::vector<std::vector<std::string>> workers = {{"127.0.0.1", "localhost"}};
   int days = 30;
+  // Worker files named worker-HOST.pem after each entry's first host, also
+  // for a single entry that names one host (pipemarectl dev-ca); a single
+  // certificate shared by several hosts or a wildcard is worker.pem. False:
+  // worker.pem whenever there is one entry.
+  bool name_workers_by_host = false;
+  // Replace a CA already in `dir` (its certificates stop being trusted);
+  // false: refuse, naming the file.
+  bool replace = true;
 };
 
 struct DevPki {

@@ -18,14 +18,13 @@ absl::StatusOr<std::unique_ptr<HealthServer>> HealthServer::Start(const std::str
   h->service_ = service;
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  ListenExclusively(builder, listen, grpc::InsecureServerCredentials(), &port);
   // A server whose only service is gRPC's (added at start) must be given a
   // completion queue to be built; nothing is queued on it.
   h->cq_ = builder.AddCompletionQueue();
   h->server_ = builder.BuildAndStart();
   if (h->server_ == nullptr || port == 0 || h->server_->GetHealthCheckService() == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot serve health checks on '",
-                                                   listen, "' (address in use or not host:port)"));
+    return CannotListen(flag, listen);
   }
   h->address_ = WithPort(listen, port);
   h->Ready(false);

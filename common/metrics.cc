@@ -61,9 +61,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     bound = -1;
   }
   if (bound <= 0) {
-    return absl::UnavailableError(absl::StrCat(flag, " ", address,
-                                               ": cannot listen there (address in use or not "
-                                               "local); pick a free port, or 0 for any"));
+    return CannotListen(flag, address);
   }
   server->address_ = WithPort(address, bound);
   server->thread_ = std::thread([self] { self->http_->listen_after_bind(); });

@@ -79,17 +79,34 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& add
     return absl::InternalError(absl::StrCat(flag, ": a TLS server needs an access policy"));
   }
   grpc::ServerBuilder builder;
-  *port = 0;
-  builder.AddListeningPort(
-      address, MakeServerCredentials(std::move(policy), require_client_certificate), port);
+  ListenExclusively(builder, address,
+                    MakeServerCredentials(std::move(policy), require_client_certificate), port);
   builder.RegisterService(service);
   ApplyServerOptions(builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || *port == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, " ", address, ": cannot listen there (address in use or not host:port)"));
-  }
+  if (!server || *port == 0) return CannotListen(flag, address);
   return server;
+}
+
+void ListenExclusively(grpc::ServerBuilder& builder, const std::string& address,
+                       std::shared_ptr<grpc::ServerCredentials> credentials, int* port) {
+  *port = 0;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(address, std::move(credentials), port);
+}
+
+absl::Status CannotListen(const std::string& flag, const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " '", address, "': not host:port (e.g. 0.0.0.0:7070)"));
+  }
+  const std::string port = address.substr(colon + 1);
+  return absl::FailedPreconditionError(absl::StrCat(
+      flag, " ", address, ": cannot listen there: port ", port,
+      " is taken by another process (is one already running? stop it, or give this one another "
+      "port with ",
+      flag, ") or the host is not an address of this machine"));
 }
 
 std::unique_ptr<grpc::ClientContext> ContextWithDeadline(double seconds) {

@@ -33,6 +33,18 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
     const std::string& address, grpc::Service* service, int* port, const std::string& flag,
     std::shared_ptr<AccessPolicy> policy = nullptr, bool require_client_certificate = true);
 
+// The one way a gRPC server in Pipemare binds its port: `address` with
+// `credentials`, SO_REUSEPORT off (gRPC turns it on by default, which lets a
+// second process bind a port that is already serving and take half its
+// calls). After BuildAndStart, `*port` is the bound port or 0.
+void ListenExclusively(grpc::ServerBuilder& builder, const std::string& address,
+                       std::shared_ptr<grpc::ServerCredentials> credentials, int* port);
+
+// The error for a server that could not bind `address` (the flag that set it
+// named): whether the port is taken by another process or the address is
+// not host:port, and what to change.
+absl::Status CannotListen(const std::string& flag, const std::string& address);
+
 // What each server may take on at once (ServerLimits, common/security.h).
 void SetServerLimits(ServerLimits limits);
 

@@ -1,6 +1,8 @@
 #include "common/security.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -247,6 +250,11 @@ absl::StatusOr<RpcSecurity> LoadRpcSecurity(const SecurityFlags& flags, const st
     security.key_pem = *key;
     return security;
   }
+  if (!flags.token_file.empty() && !flags.token.empty()) {
+    return absl::InvalidArgumentError(
+        "PIPEMARE_TOKEN and --token-file (PIPEMARE_TOKEN_FILE) are both set and only one token "
+        "is sent: unset one of them");
+  }
   if (!flags.token_file.empty()) {
     auto token = LoadToken(flags.token_file, "--token-file");
     if (!token.ok()) return token.status();
@@ -397,6 +405,67 @@ bool CertificateNameCovers(const std::string& name, const std::string& host) {
   if (rest.find('.') == std::string::npos || dot == 0 || dot == std::string::npos) return false;
   if (IsIpAddress(host)) return false;  // an IP address is never covered by a wildcard
   return absl::EqualsIgnoreCase(host.substr(dot + 1), rest);
+}
+
+std::vector<std::string> CertificateHosts(const std::string& cert_pem) {
+  std::vector<std::string> hosts;
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())), BIO_free);
+  if (!bio) return hosts;
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), X509_free);
+  if (!cert) return hosts;
+  auto* names = static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert.get(), NID_subject_alt_name, nullptr, nullptr));
+  if (names == nullptr) return hosts;
+  for (int i = 0; i < sk_GENERAL_NAME_num(names); ++i) {
+    const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
+    if (name->type == GEN_DNS) {
+      const ASN1_IA5STRING* dns = name->d.dNSName;
+      hosts.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(dns)),
+                         ASN1_STRING_length(dns));
+    } else if (name->type == GEN_IPADD) {
+      const ASN1_OCTET_STRING* ip = name->d.iPAddress;
+      char text[INET6_ADDRSTRLEN] = {};
+      const int family = ASN1_STRING_length(ip) == 4 ? AF_INET : AF_INET6;
+      if (inet_ntop(family, ASN1_STRING_get0_data(ip), text, sizeof(text)) != nullptr) {
+        hosts.emplace_back(text);
+      }
+    }
+  }
+  GENERAL_NAMES_free(names);
+  return hosts;
+}
+
+std::string AdvertisedHost(const std::string& local_ip,
+                           const std::vector<std::string>& certificate_hosts,
+                           const std::string& hostname) {
+  if (certificate_hosts.empty()) return local_ip;
+  for (const std::string& name : certificate_hosts) {
+    if (CertificateNameCovers(name, local_ip)) return local_ip;
+  }
+  for (const std::string& name : certificate_hosts) {
+    if (!hostname.empty() && absl::EqualsIgnoreCase(name, hostname)) return name;
+  }
+  for (const std::string& name : certificate_hosts) {
+    if (IsIpAddress(name) || absl::StartsWith(name, "*.")) continue;
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(name.c_str(), nullptr, &hints, &found) != 0) continue;
+    bool match = false;
+    for (addrinfo* a = found; a != nullptr && !match; a = a->ai_next) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* raw =
+          a->ai_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+      match = inet_ntop(a->ai_family, raw, text, sizeof(text)) != nullptr && local_ip == text;
+    }
+    freeaddrinfo(found);
+    if (match) return name;
+  }
+  return "";
 }
 
 absl::Status CheckCertificateNamesAddress(const grpc::ServerContext& context,

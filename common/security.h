@@ -138,6 +138,19 @@ bool CertificateNameCovers(const std::string& name, const std::string& host);
 // Whether `host` is an IPv4 or IPv6 address (not a DNS name).
 bool IsIpAddress(const std::string& host);
 
+// The host names and IP addresses a PEM certificate's subject alternative
+// names hold (empty when it cannot be read).
+std::vector<std::string> CertificateHosts(const std::string& cert_pem);
+
+// The host a worker bound to every interface advertises: `local_ip` (the
+// address it uses toward the coordinator) when its certificate names it or
+// there is no certificate, else the first name of `certificate_hosts` that
+// is this host's name (`hostname`) or resolves to `local_ip`. Empty when no
+// name the certificate holds fits: the coordinator would refuse any.
+std::string AdvertisedHost(const std::string& local_ip,
+                           const std::vector<std::string>& certificate_hosts,
+                           const std::string& hostname);
+
 // On a TLS server, OK only if the caller's certificate names the host of
 // `address` ("host:port") among its subject alternative names
 // (CertificateNameCovers): a worker may register only an address it holds a

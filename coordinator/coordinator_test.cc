@@ -162,6 +162,16 @@ TEST(WorkerRegistryTest, WorkersThatServedAJobGetTheirStagesBackSoTheyRestoreFro
     if (w.id() == b) EXPECT_EQ(w.served().stage(), 1);
     if (w.id() == b) EXPECT_EQ(w.served().job_id(), "job-7");
   }
+  // While a worker runs another job it holds that one, not the last.
+  {
+    WorkerRegistry other(std::chrono::seconds(5));
+    const std::string w = *other.Register(Serving("10.0.0.9:7071", "w", "job-12", 0));
+    auto taken = other.Acquire(1, "job-13");
+    ASSERT_TRUE(taken);
+    EXPECT_EQ(other.List()[0].job_id(), "job-13");
+    EXPECT_TRUE(other.List()[0].served().job_id().empty()) << other.List()[0].DebugString();
+    EXPECT_EQ(w, (*taken)[0].id());
+  }
   // Another job takes the oldest.
   auto other = registry.Acquire(1, "job-9");
   ASSERT_TRUE(other);
@@ -460,15 +470,20 @@ TEST_F(JobManagerTest, AFailureRecoveryCannotHelpEndsTheJobAtOnce) {
 
 TEST_F(JobManagerTest, JobsWaitOldestFirstAndCancelReachesPendingAndRunningJobs) {
   AddWorkers(registry, 2);
-  ScriptedRuns runs(
-      [&](int, const std::vector<v1::WorkerInfo>&, const std::atomic<bool>& cancel, RunContext*) {
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (!cancel.load() && std::chrono::steady_clock::now() < deadline) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-        return cancel.load() ? absl::CancelledError("cancelled by the user")
-                             : absl::DeadlineExceededError("never cancelled");
-      });
+  ScriptedRuns runs([&](int, const std::vector<v1::WorkerInfo>&, const std::atomic<bool>& cancel,
+                        RunContext* context) {
+    // As a runner does: a cancel of a running job first asks for a drain
+    // (a cut), and stops it at once only if that does not end it.
+    auto stopped = [&] {
+      return cancel.load() || (context->drain != nullptr && context->drain->requested());
+    };
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!stopped() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return stopped() ? absl::CancelledError("cancelled by the user")
+                     : absl::DeadlineExceededError("never cancelled");
+  });
   JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
   const std::string big = store.Create(Spec(3, 3, 5, false)).id();
   const std::string small = store.Create(Spec(1, 3, 5, false)).id();
@@ -487,6 +502,43 @@ TEST_F(JobManagerTest, JobsWaitOldestFirstAndCancelReachesPendingAndRunningJobs)
   EXPECT_EQ(runs.runs().size(), 1u);
   EXPECT_EQ(manager.Cancel(small).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(registry.IdleCount(), 2);
+}
+
+bool WaitFor(double seconds, const std::function<bool()>& predicate) {
+  const auto end = std::chrono::steady_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  while (!predicate()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// A cancel asks a running job to drain to a cut first; a run that does not
+// (it is between epochs, say) is stopped by a second cancel at once.
+TEST_F(JobManagerTest, ACancelDrainsFirstAndASecondOneStopsTheRunAtOnce) {
+  AddWorkers(registry, 1);
+  std::atomic<bool> drain_seen{false};
+  ScriptedRuns runs([&](int, const std::vector<v1::WorkerInfo>&, const std::atomic<bool>& cancel,
+                        RunContext* context) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!cancel.load() && std::chrono::steady_clock::now() < deadline) {
+      if (context->drain != nullptr && context->drain->requested()) drain_seen = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return cancel.load() ? absl::CancelledError("cancelled by the user")
+                         : absl::DeadlineExceededError("never cancelled");
+  });
+  JobManager manager(&store, &registry, RunnerOptions(), runs.Fn());
+  const std::string id = store.Create(Spec(1, 3, 5, false)).id();
+  manager.Poke();
+  ASSERT_EQ(WaitForState(store, id, v1::RUNNING).state(), v1::RUNNING);
+  ASSERT_TRUE(WaitFor(5, [&] { return !runs.runs().empty(); }));
+  ASSERT_TRUE(manager.Cancel(id).ok());
+  ASSERT_TRUE(WaitFor(5, [&] { return drain_seen.load(); })) << "the first cancel asks for a cut";
+  EXPECT_EQ(store.Get(id)->state(), v1::RUNNING);
+  ASSERT_TRUE(manager.Cancel(id).ok());
+  EXPECT_EQ(WaitForState(store, id, v1::CANCELLED).state(), v1::CANCELLED);
 }
 
 }  // namespace

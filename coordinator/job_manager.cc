@@ -1,13 +1,18 @@
 #include "coordinator/job_manager.h"
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/thread_name.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/data.h"
 #include "pipeline/file_access.h"
@@ -137,10 +142,33 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
   }
   // The data files' headers and labels, and the model against them (the
   // shape pass): refuse now, not when it runs.
+  // What the run would refuse on its workers, refused now: a retry could
+  // never help.
+  if (options_.tls && spec.schedule().transport() == "gloo") {
+    return absl::InvalidArgumentError(
+        "schedule.transport: gloo sends activations and gradients unencrypted and "
+        "unauthenticated, and this cluster runs mutual TLS; use transport: grpc (encrypted), or "
+        "run the coordinator and workers with --insecure on a network only they share");
+  }
   auto data = InspectData(spec.data());
   if (!data.ok()) return data.status();
   auto plan = PlanModel(spec, *data, options_.max_model_bytes);
   if (!plan.ok()) return plan.status();
+  const int64_t mbs = spec.schedule().microbatch_size();
+  const int N = spec.schedule().microbatches_per_step();
+  const int64_t steps_per_epoch = (data->train_count / mbs) / N;
+  if (steps_per_epoch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.train_limit: ", data->train_count, " training examples make no full step of ", N,
+        " microbatches of ", mbs, "; use more data or a smaller schedule.microbatch_size"));
+  }
+  const auto& sched = spec.schedule();
+  const int64_t warmup_steps =
+      sched.warmup_steps() > 0
+          ? sched.warmup_steps()
+          : static_cast<int64_t>(std::llround(sched.warmup_epochs() * steps_per_epoch));
+  const bool never_async = sched.type() != "gpipe" && warmup_steps > 0 &&
+                           warmup_steps >= steps_per_epoch * spec.train().epochs();
   std::string from_manifest;
   if (!from.empty()) {
     auto m = ResolveFrom(from, &from_manifest);
@@ -150,6 +178,35 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
           "from_checkpoint: ", from_manifest, " holds ", m->files.size(),
           " units but this spec's model has ", plan->units.size(),
           "; start from a checkpoint of the same model (P and the partition may differ)"));
+    }
+    // The same units could still differ in their widths: compare the
+    // resolved models, as the stages' restore would.
+    v1::JobSpec source;
+    google::protobuf::util::JsonParseOptions json;
+    json.ignore_unknown_fields = true;
+    if (google::protobuf::util::JsonStringToMessage(m->spec_json, &source, json).ok()) {
+      v1::ModelSpec theirs = source.model(), ours = plan->model;
+      theirs.clear_path();  // the same TorchScript file may have moved
+      ours.clear_path();
+      google::protobuf::util::MessageDifferencer differ;
+      std::string differences;
+      differ.ReportDifferencesToString(&differences);
+      if (!differ.Compare(theirs, ours)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model: differs from the model of ", from_manifest, " (", source.name(),
+            "): ", absl::StripAsciiWhitespace(differences),
+            "; --from continues the same model (P, the partition and the schedule may differ): "
+            "use that job's model settings"));
+      }
+    }
+    const int64_t total_steps = steps_per_epoch * spec.train().epochs();
+    if (m->step >= total_steps) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.epochs: the checkpoint of ", from_manifest, " is at step ", m->step,
+                       " and this spec trains ", total_steps, " steps in all (",
+                       spec.train().epochs(), " epochs of ", steps_per_epoch,
+                       "); --from continues from that step, so raise "
+                       "train.epochs to train on past it"));
     }
   }
   v1::JobStatus job = store_->Create(spec);
@@ -163,6 +220,12 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
   LogInfo(ForJob(job.id()), absl::StrCat("accepted '", spec.name(), "' from ", submitter, " (",
                                          spec.schedule().type(), ", ", spec.schedule().stages(),
                                          " stages): PENDING"));
+  if (never_async) {
+    LogWarning(ForJob(job.id()),
+               absl::StrCat("its synchronous warm-up (", warmup_steps, " steps) covers all ",
+                            steps_per_epoch * spec.train().epochs(), " steps: it never runs ",
+                            sched.type()));
+  }
   Poke();
   return store_->Get(job.id());
 }
@@ -196,6 +259,15 @@ absl::StatusOr<v1::ExportModelResponse> JobManager::Export(const std::string& id
     }
   } else {
     manifest = ReadManifest(CheckpointStepDir(dir, id, step));
+    if (absl::IsNotFound(manifest.status())) {
+      std::vector<std::string> steps;
+      for (int64_t k : CommittedSteps(dir, id)) steps.push_back(absl::StrCat(k));
+      return absl::NotFoundError(
+          absl::StrCat("step: job ", id, " has no checkpoint at step ", step, " (checkpoint.keep ",
+                       job->spec().checkpoint().keep(), " keeps only the newest cuts); it has ",
+                       steps.empty() ? "none" : absl::StrCat("steps ", absl::StrJoin(steps, ", ")),
+                       ": give one of them, or leave --checkpoint out for the newest"));
+    }
   }
   if (!manifest.ok()) return manifest.status();
   std::string torchscript;
@@ -281,7 +353,21 @@ absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cancel_.find(id);
     if (it != cancel_.end()) {
-      it->second->store(true);
+      // Running: drain, so that the cut at the next step is committed and
+      // `resume` loses nothing (as a SIGTERM'd coordinator does). A second
+      // cancel, or a drain that has not ended within the drain timeout
+      // (SchedulerLoop), stops the run at once.
+      auto drain = drains_.find(id);
+      if (drain != drains_.end() && !drain->second->requested() &&
+          cancel_deadlines_.count(id) == 0) {
+        drain->second->Request("cancelled by the user", -1);
+        cancel_deadlines_[id] =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                                                   (options_.drain_timeout_seconds + 5) * 1000));
+        LogInfo(ForJob(id), "cancel: draining to a checkpoint first");
+      } else {
+        it->second->store(true);
+      }
       return store_->Get(id);  // the runner moves it to CANCELLED
     }
   }
@@ -326,6 +412,19 @@ void JobManager::SchedulerLoop() {
     if (stopping_) break;
     for (auto& t : finished_) t.join();
     finished_.clear();
+    for (auto it = cancel_deadlines_.begin(); it != cancel_deadlines_.end();) {
+      auto flag = cancel_.find(it->first);
+      if (flag == cancel_.end()) {
+        it = cancel_deadlines_.erase(it);
+      } else if (std::chrono::steady_clock::now() >= it->second) {
+        LogWarning(ForJob(it->first),
+                   "cancel: no checkpoint within the drain timeout; stopping now");
+        flag->second->store(true);
+        it = cancel_deadlines_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     lock.unlock();
     if (int lost = registry_->MarkLost(); lost > 0) {
       LogWarning(absl::StrCat(lost, " worker(s) stopped heartbeating and are now LOST"));
@@ -393,14 +492,26 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
                    })
           .IgnoreError();
     } else if (absl::IsCancelled(result)) {
-      store_->UpdateState(id, v1::CANCELLED, std::string(result.message())).IgnoreError();
+      std::string reason(result.message());
+      if (auto job = store_->Get(id); job.ok() && job->checkpoint().step() > 0) {
+        absl::StrAppend(&reason, "; `pipemarectl resume ", id,
+                        "` continues from the checkpoint at step ", job->checkpoint().step());
+      }
+      store_->UpdateState(id, v1::CANCELLED, reason).IgnoreError();
     } else {
       store_->UpdateState(id, v1::FAILED, std::string(result.message())).IgnoreError();
     }
-    if (!result.ok()) LogError(ForJob(id), absl::StrCat("ended: ", result.ToString()));
+    if (absl::IsCancelled(result) && ShuttingDown()) {
+      LogInfo(ForJob(id), "drained for the coordinator's stop; it stays RUNNING");
+    } else if (absl::IsCancelled(result)) {
+      LogInfo(ForJob(id), absl::StrCat("ended: ", result.ToString()));
+    } else if (!result.ok()) {
+      LogError(ForJob(id), absl::StrCat("ended: ", result.ToString()));
+    }
     std::lock_guard<std::mutex> lock(mu_);
     cancel_.erase(id);
     drains_.erase(id);
+    cancel_deadlines_.erase(id);
     auto it = runners_.find(id);
     if (it != runners_.end()) {
       finished_.push_back(std::move(it->second));

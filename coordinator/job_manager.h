@@ -105,6 +105,9 @@ class JobManager {
   std::map<std::string, std::thread> runners_;                        // GUARDED_BY(mu_)
   std::map<std::string, std::shared_ptr<DrainRequest>> drains_;       // GUARDED_BY(mu_)
   std::vector<std::thread> finished_;                                 // GUARDED_BY(mu_)
+  // Cancelled jobs draining to a cut: when the cancel flag is set anyway.
+  std::map<std::string, std::chrono::steady_clock::time_point>
+      cancel_deadlines_;  // GUARDED_BY(mu_)
   std::thread scheduler_;
 };
 

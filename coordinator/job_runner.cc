@@ -215,6 +215,13 @@ absl::Status JobRunner::Impl::LoadStages(std::vector<v1::StageAssignment> assign
     v1::LoadStageResponse resp;
     auto ctx = ContextWithDeadline(60);
     grpc::Status st = stubs_[i]->LoadStage(ctx.get(), a, &resp);
+    if (st.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      // The stage refuses the assignment itself (the spec, or a checkpoint
+      // that does not fit the model): any worker would, so recovery, which
+      // retries on other workers, cannot help.
+      return absl::InvalidArgumentError(
+          absl::StrCat("loading ", StageLabel(i), " failed: ", st.error_message()));
+    }
     if (!st.ok()) {
       return absl::UnavailableError(
           absl::StrCat("loading ", StageLabel(i), " failed: ", st.error_message()));
@@ -840,12 +847,14 @@ absl::Status JobRunner::Impl::Run() {
   const Manifest* resume = r_.context_->resume;
   const int N = spec_.schedule().microbatches_per_step();
   const int64_t first_epoch = resume != nullptr ? resume->step / steps_per_epoch_ + 1 : 1;
-  for (epoch_ = first_epoch; epoch_ <= spec_.train().epochs() && st.ok(); ++epoch_) {
+  // epoch_ stays at the epoch a failure or cancel ended in (status shows it).
+  for (epoch_ = first_epoch; epoch_ <= spec_.train().epochs(); ++epoch_) {
     // The first epoch after a resume starts at the cut's data position.
     const int64_t first_j =
         resume != nullptr && epoch_ == first_epoch ? (resume->step % steps_per_epoch_) * N : 0;
     st = TrainEpoch(first_j);
     if (st.ok()) st = EvaluateEpoch();
+    if (!st.ok()) break;
   }
   epoch_ = std::min(epoch_, spec_.train().epochs());
   StopCommitter();
@@ -856,8 +865,10 @@ absl::Status JobRunner::Impl::Run() {
                             "the final checkpoint");
   }
   Publish(true);
-  CloseFeeds();
+  // Stages first: a stage whose feed closes while it still runs reports a
+  // lost feed; a released one has stopped listening.
   ReleaseStages();
+  CloseFeeds();
   return st;
 }
 

@@ -41,6 +41,10 @@ struct RunnerOptions {
   // The float32 parameter bytes one job's model may take, checked unit by
   // unit before each is built (the shape pass at submit and at start).
   int64_t max_model_bytes = kDefaultMaxModelBytes;
+  // The cluster runs mutual TLS (the coordinator's, and so its workers',
+  // security): schedule.transport gloo, which is plaintext, is refused at
+  // submit.
+  bool tls = false;
 };
 
 // Asks a running job to drain (a worker or the coordinator is stopping:

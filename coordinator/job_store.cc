@@ -1,10 +1,16 @@
 #include "coordinator/job_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "google/protobuf/util/json_util.h"
@@ -97,6 +103,30 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& stat
     return absl::FailedPreconditionError(
         absl::StrCat("--state-dir ", state_dir, ": cannot create it: ", ec.message()));
   }
+  // One coordinator per state directory: a second one would run the same
+  // jobs again on the same workers. The lock goes with the process, so a
+  // kill -9 frees it.
+  const std::string lock_path = (fs::path(state_dir) / "coordinator.lock").string();
+  store->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (store->lock_fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir: cannot open ", lock_path, ": ", std::strerror(errno)));
+  }
+  if (::flock(store->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    std::string holder;
+    char buffer[32] = {};
+    if (::pread(store->lock_fd_, buffer, sizeof(buffer) - 1, 0) > 0) {
+      holder = absl::StrCat(" (pid ", absl::StripAsciiWhitespace(buffer), ")");
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", state_dir, ": another pipemare-coordinator", holder,
+                     " uses this state directory; stop it, or give this one another --state-dir"));
+  }
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(store->lock_fd_, 0) != 0 ||
+      ::pwrite(store->lock_fd_, pid.data(), pid.size(), 0) < 0) {
+    LogWarning(absl::StrCat("cannot write this process's id to ", lock_path));
+  }
   store->db_path_ = (fs::path(state_dir) / "state.db").string();
   const std::string& path = store->db_path_;
   if (sqlite3_open_v2(path.c_str(), &store->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
@@ -167,6 +197,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& stat
 
 JobStore::~JobStore() {
   if (db_ != nullptr) sqlite3_close(db_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 void JobStore::Persist(const v1::JobStatus& status) {

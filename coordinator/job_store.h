@@ -88,6 +88,7 @@ class JobStore {
 
   std::string db_path_;
   ::sqlite3* db_ = nullptr;  // null: memory only
+  int lock_fd_ = -1;         // --state-dir/coordinator.lock, flock'ed while open
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::map<std::string, Entry> jobs_;  // GUARDED_BY(mu_)

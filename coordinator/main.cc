@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -101,6 +102,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1024, 64 << 20))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  // CLI11 takes an empty variable for an unset one; the docs say an empty
+  // PIPEMARE_METRICS_LISTEN turns metrics off, as --metrics-listen '' does.
+  if (const char* env = std::getenv("PIPEMARE_METRICS_LISTEN");
+      env != nullptr && *env == '\0' && app.count("--metrics-listen") == 0) {
+    metrics_listen.clear();
+  }
   pipemare::SetServerLimits(security_flags.limits);
   if (auto st = pipemare::InitLogging(log_format); !st.ok()) {
     std::cerr << "error: " << st.message() << std::endl;
@@ -172,6 +179,7 @@ int main(int argc, char** argv) {
   options.drain_timeout_seconds = drain_timeout;
   options.max_queued_jobs_per_submitter = max_queued_jobs;
   options.max_model_bytes = max_model_bytes;
+  options.tls = !insecure;
   options.checkpoint_dir = !checkpoint_dir.empty() ? checkpoint_dir
                            : !state_dir.empty()    ? state_dir + "/checkpoints"
                                                    : "pipemare-checkpoints";

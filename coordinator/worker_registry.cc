@@ -187,6 +187,8 @@ std::optional<std::vector<v1::WorkerInfo>> WorkerRegistry::Acquire(int n,
   for (Entry* e : slots) {
     e->info.set_state(v1::BUSY);
     e->info.set_job_id(job_id);
+    // Loading another job's stage drops the cuts it kept in memory.
+    if (e->info.served().job_id() != job_id) e->info.clear_served();
     out.push_back(e->info);
   }
   return out;

@@ -60,8 +60,13 @@ def test_split(spec, info):
     if data.get("type") not in ("mnist", "idx"):
         sys.exit(f"data.type {data.get('type')!r}: this example reads idx/mnist files only")
     path = data.get("path", "")
-    images = data.get("test_images") or os.path.join(path, "t10k-images-idx3-ubyte")
-    labels = data.get("test_labels") or os.path.join(path, "t10k-labels-idx1-ubyte")
+    # As the job resolved them: a relative file name is under data.path.
+    images = os.path.join(path, data.get("test_images") or "t10k-images-idx3-ubyte")
+    labels = os.path.join(path, data.get("test_labels") or "t10k-labels-idx1-ubyte")
+    for name in (images, labels):
+        if not os.path.exists(name) and not os.path.exists(name + ".gz"):
+            sys.exit(f"{name}: not found (the job's data.path and test files, as the coordinator "
+                     "saw them; run this where those files are)")
     x = read_idx(images).astype(np.float32) / 255.0
     y = read_idx(labels).astype(np.int64)
     limit = int(data.get("test_limit", 0))

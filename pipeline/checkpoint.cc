@@ -51,7 +51,8 @@ absl::Status FsyncPath(const std::string& path, int flags) {
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
   const fs::path target(path);
   std::error_code ec;
-  fs::create_directories(target.parent_path(), ec);
+  // A bare file name lives in the current directory, which exists.
+  if (!target.parent_path().empty()) fs::create_directories(target.parent_path(), ec);
   if (ec) {
     return absl::UnavailableError(
         absl::StrCat("cannot create ", target.parent_path().string(), ": ", ec.message()));
@@ -83,7 +84,8 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& byt
     ::unlink(tmp.c_str());
     return st;
   }
-  return FsyncPath(target.parent_path().string(), O_RDONLY | O_DIRECTORY);
+  return FsyncPath(target.parent_path().empty() ? "." : target.parent_path().string(),
+                   O_RDONLY | O_DIRECTORY);
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
@@ -286,6 +288,15 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& step_dir) {
     if (auto st = VerifyFile(step_dir, f); !st.ok()) return st;
   }
   return m;
+}
+
+std::vector<int64_t> CommittedSteps(const std::string& dir, const std::string& job) {
+  std::vector<int64_t> steps;
+  for (const auto& [k, path] : StepDirs(absl::StrCat(dir, "/", job))) {
+    if (fs::exists(path + "/manifest.json")) steps.push_back(k);
+  }
+  std::reverse(steps.begin(), steps.end());
+  return steps;
 }
 
 absl::StatusOr<Manifest> NewestValidManifest(const std::string& dir, const std::string& job,

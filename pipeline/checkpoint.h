@@ -96,6 +96,10 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& step_dir);
 // The newest checkpoint of `job` that verifies: "latest" first, then older
 // step directories, newest first. `skipped` (optional) receives one line per
 // damaged checkpoint passed over. NOT_FOUND when none verifies.
+// The steps of `job`'s committed cuts in `dir` (those with a manifest),
+// oldest first; not verified.
+std::vector<int64_t> CommittedSteps(const std::string& dir, const std::string& job);
+
 absl::StatusOr<Manifest> NewestValidManifest(const std::string& dir, const std::string& job,
                                              std::vector<std::string>* skipped = nullptr);
 

@@ -3,9 +3,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -148,6 +150,7 @@ absl::Status FillMessage(pb::Message& msg, const YAML::Node& node, const std::st
                                                           FieldNames(d), "), got ", Shown(node)));
   }
   const pb::Reflection* r = msg.GetReflection();
+  std::set<std::string> seen;
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
     const std::string field_path = Join(path, key);
@@ -155,8 +158,24 @@ absl::Status FillMessage(pb::Message& msg, const YAML::Node& node, const std::st
     if (f == nullptr) {
       return Bad(field_path, absl::StrCat("unknown field; allowed here: ", FieldNames(d)));
     }
+    // YAML keeps the last of two equal keys; the first one's settings would
+    // be lost without a word.
+    if (!seen.insert(key).second) {
+      return Bad(field_path, "given twice in the same mapping; keep one");
+    }
     const YAML::Node& value = kv.second;
     if (value.IsNull()) continue;  // "field:" with nothing = unset
+    // 0 reads as "unset" for these (the default applies): refuse it.
+    for (const auto& [zero_path, range, fallback] :
+         std::vector<std::tuple<const char*, const char*, const char*>>{
+             {"schedule.microbatch_size", "1..65536", "64"},
+             {"schedule.microbatches_per_step", "1..4096", "1"},
+             {"checkpoint.keep", "1..1000", "3"}}) {
+      if (field_path == zero_path && value.IsScalar() && value.Scalar() == "0") {
+        return Bad(field_path, absl::StrCat("0 is out of range: use ", range,
+                                            ", or leave it out for the default ", fallback));
+      }
+    }
     if (f->is_repeated()) {
       if (!value.IsSequence()) {
         return Bad(field_path,
@@ -216,6 +235,11 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "' is a directory; give the spec file (YAML or JSON) in it"));
+  }
   std::ifstream in(path);
   if (!in) {
     return absl::NotFoundError(absl::StrCat("cannot open spec file '", path, "'"));
@@ -339,6 +363,31 @@ absl::Status ValidateModelSpec(const v1::ModelSpec& m) {
   }
   if (m.type() != "sequential" && m.units_size() > 0) {
     return Bad("model.units", "applies to model.type sequential only");
+  }
+  // The zoo's settings, each for the families that read it: one set for
+  // another family would be silently ignored.
+  const bool mlp = m.type() == "mlp", resnet = m.type() == "resnet",
+             lm = m.type() == "transformer_lm";
+  for (const auto& [field, set, applies, families] :
+       std::vector<std::tuple<const char*, bool, bool, const char*>>{
+           {"model.activation", !m.activation().empty() && m.activation() != "relu", mlp, "mlp"},
+           {"model.init", !m.init().empty() && m.init() != "torch", mlp, "mlp"},
+           {"model.depth", m.depth() != 0, resnet || lm, "resnet and transformer_lm"},
+           {"model.width", m.width() != 0, resnet || lm, "resnet and transformer_lm"},
+           {"model.heads", m.heads() != 0, lm, "transformer_lm"},
+           {"model.context", m.context() != 0, lm, "transformer_lm"},
+           {"model.dropout", m.dropout() != 0, lm, "transformer_lm"}}) {
+    if (set && !applies) {
+      return Bad(field, absl::StrCat("applies to model.type ", families, " only, not ", m.type(),
+                                     "; remove it"));
+    }
+  }
+  if (ModelUnitCount(m) > kMaxModelUnits) {
+    return Bad(m.type() == "mlp"          ? "model.layers"
+               : m.type() == "sequential" ? "model.units"
+                                          : "model.depth",
+               absl::StrCat("makes ", ModelUnitCount(m), " pipeline units; at most ",
+                            kMaxModelUnits, " are allowed (a unit per layer: fewer, wider ones)"));
   }
   if (m.type() == "mlp") {
     if (m.layers_size() < 2) {

@@ -62,6 +62,10 @@ const std::vector<std::string>& LayerTypes();
 // the file is read (CountUnits in pipeline/model.h).
 int ModelUnitCount(const v1::ModelSpec& model);
 
+// The most pipeline units a model may have: each is a shape-pass step on the
+// coordinator, a checkpoint file and a partition choice.
+inline constexpr int kMaxModelUnits = 4096;
+
 // Fills in what the zoo takes from the data, model.classes (classes, or the
 // vocabulary for text) and transformer_lm's context (default data.context),
 // plus the zoo's defaults (resnet depth 20, width 16; transformer_lm depth 2,

@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -1111,6 +1112,82 @@ TEST(JobSpecValidateTest, EveryFloatingPointFieldRefusesNaNAndInfinityNamingItsP
       EXPECT_THAT(std::string(st.message()), HasSubstr("give a finite value")) << st;
     }
   }
+}
+
+}  // namespace
+}  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+// A mistake in a spec is refused where it is made, not turned into a
+// default or silently ignored (a user's first day).
+absl::Status ParsedAndChecked(const std::string& yaml) {
+  auto spec = ParseJobSpec(yaml);
+  if (!spec.ok()) return spec.status();
+  ApplyJobSpecDefaults(*spec);
+  return ValidateJobSpec(*spec);
+}
+
+TEST(FirstDaySpec, AnExplicitZeroIsRefusedWhereItWouldHaveBecomeTheDefault) {
+  for (const auto& [field, yaml, fix] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"schedule.microbatch_size", "  microbatch_size: 0\n", "1..65536"},
+           {"schedule.microbatches_per_step", "  microbatches_per_step: 0\n", "1..4096"}}) {
+    std::string spec = kYamlSpec;
+    const std::string line = field == "schedule.microbatch_size" ? "  microbatch_size: 64\n"
+                                                                 : "  microbatches_per_step: 1\n";
+    spec.replace(spec.find(line), line.size(), yaml);
+    const absl::Status st = ParsedAndChecked(spec);
+    EXPECT_THAT(std::string(st.message()), AllOf(HasSubstr(field), HasSubstr(fix))) << st;
+  }
+  const absl::Status keep = ParsedAndChecked(std::string(kYamlSpec) + "checkpoint:\n  keep: 0\n");
+  EXPECT_THAT(std::string(keep.message()),
+              AllOf(HasSubstr("checkpoint.keep"), HasSubstr("default 3")))
+      << keep;
+  EXPECT_TRUE(ParsedAndChecked(std::string(kYamlSpec) + "checkpoint:\n  keep: 1\n").ok());
+}
+
+TEST(FirstDaySpec, AKeyGivenTwiceIsRefusedNamingIt) {
+  const absl::Status st =
+      ParsedAndChecked(std::string(kYamlSpec) + "optimizer:\n  type: adam\n  lr: 0.001\n");
+  EXPECT_THAT(std::string(st.message()), AllOf(HasSubstr("optimizer"), HasSubstr("twice"))) << st;
+  std::string inner = kYamlSpec;
+  inner.replace(inner.find("  lr: 0.05\n"), 11, "  lr: 0.05\n  lr: 0.1\n");
+  const absl::Status st2 = ParsedAndChecked(inner);
+  EXPECT_THAT(std::string(st2.message()), AllOf(HasSubstr("optimizer.lr"), HasSubstr("twice")))
+      << st2;
+}
+
+TEST(FirstDaySpec, AFieldOfAnotherModelFamilyIsRefused) {
+  std::string spec = kYamlSpec;
+  spec.replace(spec.find("  activation: relu\n"), 18, "  activation: relu\n  depth: 20\n");
+  const absl::Status st = ParsedAndChecked(spec);
+  EXPECT_THAT(
+      std::string(st.message()),
+      AllOf(HasSubstr("model.depth"), HasSubstr("resnet and transformer_lm"), HasSubstr("not mlp")))
+      << st;
+}
+
+TEST(FirstDaySpec, AModelOfTooManyUnitsIsRefusedBeforeAnyShapePass) {
+  std::string layers = "[784";
+  for (int i = 0; i < 100000; ++i) absl::StrAppend(&layers, ", 16");
+  layers += ", 10]";
+  std::string spec = kYamlSpec;
+  spec.replace(spec.find("[784, 512, 512, 256, 10]"), 24, layers);
+  const absl::Status st = ParsedAndChecked(spec);
+  EXPECT_THAT(std::string(st.message()),
+              AllOf(HasSubstr("model.layers"), HasSubstr("100001 pipeline units"),
+                    HasSubstr(absl::StrCat(kMaxModelUnits))))
+      << st.message().substr(0, 300);
+}
+
+TEST(FirstDaySpec, ADirectoryIsNotASpecFile) {
+  const std::string dir = ::testing::TempDir();
+  auto spec = LoadJobSpecFile(dir);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()),
+              AllOf(HasSubstr("is a directory"), HasSubstr("spec file")));
 }
 
 }  // namespace

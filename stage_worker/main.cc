@@ -1,10 +1,12 @@
 // pipemare-worker: serves one pipeline stage at a time for a coordinator.
 #include <grpcpp/grpcpp.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -12,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/health.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -120,6 +123,12 @@ int main(int argc, char** argv) {
   pipemare::SecurityFlags security_flags;
   pipemare::AddSecurityFlags(app, &security_flags, /*client=*/false);
   CLI11_PARSE(app, argc, argv);
+  // CLI11 takes an empty variable for an unset one; the docs say an empty
+  // PIPEMARE_METRICS_LISTEN turns metrics off, as --metrics-listen '' does.
+  if (const char* env = std::getenv("PIPEMARE_METRICS_LISTEN");
+      env != nullptr && *env == '\0' && app.count("--metrics-listen") == 0) {
+    metrics_listen.clear();
+  }
   pipemare::SetServerLimits(security_flags.limits);
 
   if (auto st = pipemare::InitLogging(log_format); !st.ok()) {
@@ -210,7 +219,23 @@ int main(int argc, char** argv) {
                          local.status().message(), "); give --advertise HOST:PORT"));
         return 2;
       }
-      advertise = pipemare::WithPort(*local, port);
+      // Over TLS the coordinator accepts only a host the certificate
+      // names: advertise that name when it is this host's.
+      const std::vector<std::string> names =
+          insecure ? std::vector<std::string>{}
+                   : pipemare::CertificateHosts(pipemare::CurrentRpcSecurity().cert_pem);
+      char hostname[256] = {};
+      ::gethostname(hostname, sizeof(hostname) - 1);
+      std::string host = pipemare::AdvertisedHost(*local, names, hostname);
+      if (host.empty()) {
+        pipemare::LogError(absl::StrCat(
+            "error: --advertise: this worker's certificate names ", absl::StrJoin(names, ", "),
+            ", and none of them is this host (", hostname, ", ", *local,
+            " toward the coordinator); the coordinator would refuse it. Give --advertise "
+            "HOST:PORT with a name the certificate holds, or issue a certificate for this host"));
+        return 2;
+      }
+      advertise = pipemare::WithPort(host, port);
     }
   }
   // Who this worker is across re-registrations (not its address).
@@ -249,6 +274,7 @@ int main(int argc, char** argv) {
   int64_t interval_ms = 1000;
   auto last_contact = std::chrono::steady_clock::now();
   bool warned = false;
+  std::string last_refusal;
   while (!pipemare::StopRequested()) {
     if (worker_id.empty()) {
       pipemare::v1::RegisterWorkerRequest req;
@@ -282,6 +308,16 @@ int main(int argc, char** argv) {
         // process, its entry goes LOST and we get in.
         pipemare::LogError(absl::StrCat("the coordinator refused this worker: ", st.error_message(),
                                         " (retrying)"));
+      } else if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                 st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        // The coordinator answered and said no (a certificate that does not
+        // name the advertised address, a bad request): say why, once per
+        // reason, and keep trying (the operator may fix the other side).
+        if (st.error_message() != last_refusal) {
+          last_refusal = st.error_message();
+          pipemare::LogError(absl::StrCat("the coordinator ", coordinator, " refused this worker: ",
+                                          st.error_message(), " (retrying)"));
+        }
       } else if (!warned) {
         pipemare::LogWarning(absl::StrCat("cannot register with coordinator ", coordinator, ": ",
                                           st.error_message(), " (retrying)"));

@@ -34,7 +34,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
   if (request->schedule().transport() == "gloo") {
     if (!plaintext_) {
       return grpc::Status(
-          grpc::StatusCode::FAILED_PRECONDITION,
+          grpc::StatusCode::INVALID_ARGUMENT,
           absl::StrCat("schedule.transport: gloo sends activations and gradients unencrypted and "
                        "unauthenticated, and worker ",
                        self_address_,

@@ -5,9 +5,14 @@
 #include <prometheus/registry.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/dev_pki.h"
+#include "common/health.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/rpc.h"
 #include "common/security.h"
+#include "pipemare/v1/pipemare.grpc.pb.h"
 #include "tests/process.h"
 
 namespace pipemare {
@@ -88,6 +93,80 @@ TEST(CertificateName, AWildcardCoversExactlyOneLeftmostLabelAndNoIpAddress) {
   EXPECT_FALSE(CertificateNameCovers("*.com", "example.com"));
   EXPECT_FALSE(CertificateNameCovers("*.0.0.11", "10.0.0.11"));
   EXPECT_FALSE(CertificateNameCovers("worker.example", "evil-worker.example"));
+}
+
+}  // namespace
+}  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+// One process per port: gRPC's default SO_REUSEPORT let a second server
+// bind a port that already served and take half its calls.
+TEST(Ports, ASecondServerOnATakenPortIsRefusedNamingThePortAndTheFlag) {
+  v1::Coordinator::Service first_service, second_service;
+  int port = 0;
+  auto first = StartServer("127.0.0.1:0", &first_service, &port, "--listen");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_GT(port, 0);
+  int second_port = 0;
+  auto second =
+      StartServer(absl::StrCat("127.0.0.1:", port), &second_service, &second_port, "--listen");
+  ASSERT_FALSE(second.ok()) << "two servers on port " << port;
+  EXPECT_TRUE(absl::StrContains(second.status().message(), absl::StrCat("port ", port)))
+      << second.status().message();
+  EXPECT_TRUE(absl::StrContains(second.status().message(), "another port with --listen"))
+      << second.status().message();
+  (*first)->Shutdown();
+
+  auto health = HealthServer::Start("127.0.0.1:0", "", "--health-listen");
+  ASSERT_TRUE(health.ok()) << health.status();
+  auto again = HealthServer::Start((*health)->address(), "", "--health-listen");
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(absl::StrContains(again.status().message(), "--health-listen"))
+      << again.status().message();
+}
+
+using ::pipemare::testing::MakeTempDir;
+using ::pipemare::testing::ReadFile;
+
+TEST(DevPki, WorkerFilesAreNamedAfterTheirHostAndAnExistingCaIsNotReplacedSilently) {
+  DevPkiOptions options;
+  options.dir = MakeTempDir() + "/pki";
+  options.workers = {{"w1"}};
+  options.name_workers_by_host = true;
+  options.replace = false;
+  auto pki = MakeDevPki(options);
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  ASSERT_EQ(pki->worker_certs.size(), 1u);
+  EXPECT_TRUE(absl::EndsWith(pki->worker_certs[0], "/worker-w1.pem")) << pki->worker_certs[0];
+  EXPECT_EQ(CertificateHosts(ReadFile(pki->worker_certs[0])), std::vector<std::string>{"w1"});
+  const std::string ca = ReadFile(pki->ca);
+  auto again = MakeDevPki(options);
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(absl::StrContains(again.status().message(), "--force")) << again.status();
+  EXPECT_EQ(ReadFile(pki->ca), ca) << "the CA was replaced";
+  // One certificate for several hosts (compose, a wildcard) stays worker.pem.
+  options.dir = MakeTempDir() + "/shared";
+  options.workers = {{"worker-0", "worker-1"}};
+  auto shared = MakeDevPki(options);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_TRUE(absl::EndsWith(shared->worker_certs[0], "/worker.pem"));
+  EXPECT_EQ(CertificateHosts(ReadFile(shared->worker_certs[0])),
+            (std::vector<std::string>{"worker-0", "worker-1"}));
+}
+
+TEST(AdvertisedHost, AWorkerBoundToEveryInterfaceAdvertisesANameItsCertificateHolds) {
+  // No certificate (plaintext): the address toward the coordinator.
+  EXPECT_EQ(AdvertisedHost("10.0.0.5", {}, "vm"), "10.0.0.5");
+  // The certificate names that address.
+  EXPECT_EQ(AdvertisedHost("10.0.0.5", {"w1", "10.0.0.5"}, "vm"), "10.0.0.5");
+  // The certificate names this host's name (the README's recipe).
+  EXPECT_EQ(AdvertisedHost("10.0.0.5", {"w1"}, "w1"), "w1");
+  // A name that resolves to the address toward the coordinator.
+  EXPECT_EQ(AdvertisedHost("127.0.0.1", {"localhost"}, "vm"), "localhost");
+  // Nothing fits: the worker says so at start instead of being refused forever.
+  EXPECT_EQ(AdvertisedHost("10.0.0.5", {"w1"}, "vm"), "");
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -221,6 +222,105 @@ TEST(SeparateHosts, TheExampleTrainsOnHostsThatShareAHostnameWithTheReadmesFlags
     ++idle;
   }
   EXPECT_EQ(idle, kWorkers) << after.out;
+}
+
+// The README's cluster recipe as written, host names included: `dev-ca
+// --coordinator-host coord --worker-host w1 --worker-host w2`, the workers'
+// worker-wN.pem, `--listen 0.0.0.0:7071` and no --advertise. Each host
+// resolves the names through its own hosts file (`ip netns exec` mounts
+// /etc/netns/NS/hosts), and all share one hostname, so a worker must find
+// which name its certificate gives it.
+TEST(SeparateHosts, TheReadmesClusterRecipeWithHostNamesTrainsAndARefusedWorkerSaysWhy) {
+  constexpr int kNamed = 2;
+  Hosts hosts;
+  const std::string why = hosts.Make(1 + kNamed + 1);
+  if (!why.empty()) GTEST_SKIP() << "cannot make network hosts here: " << why;
+  const std::string names = absl::StrCat("127.0.0.1 localhost\n", Hosts::Address(0), " coord\n",
+                                         Hosts::Address(1), " w1\n", Hosts::Address(2), " w2\n");
+  std::vector<std::string> etc;
+  for (int i = 0; i <= kNamed + 1; ++i) {
+    etc.push_back("/etc/netns/" + hosts.Namespace(i));
+    std::filesystem::create_directories(etc.back());
+    std::ofstream(etc.back() + "/hosts") << names;
+  }
+  struct Cleanup {
+    std::vector<std::string> dirs;
+    ~Cleanup() {
+      for (const auto& d : dirs) std::filesystem::remove_all(d);
+    }
+  } cleanup{etc};
+  const std::string dir = MakeTempDir();
+  const std::string pki = dir + "/pki";
+  auto ca = pipemare::testing::Run(
+      {BinDir() + "/pipemarectl", "dev-ca", "--out", pki, "--coordinator-host", "coord",
+       "--worker-host", "w1", "--worker-host", "w2"},
+      30);
+  ASSERT_EQ(ca.exit_code, 0) << ca.out << ca.err;
+  EXPECT_TRUE(absl::StrContains(ca.out, "worker-w1.pem")) << ca.out;
+  // Run again, it keeps the CA that the services already trust.
+  auto again = pipemare::testing::Run(
+      {BinDir() + "/pipemarectl", "dev-ca", "--out", pki, "--worker-host", "w1"}, 30);
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(again.err, "--force")) << again.err;
+
+  Process coordinator(hosts.In(0, {BinDir() + "/pipemare-coordinator", "--listen", "0.0.0.0:7070",
+                                   "--state-dir", dir + "/state", "--tls-ca", pki + "/ca.pem",
+                                   "--tls-cert", pki + "/coordinator.pem", "--tls-key",
+                                   pki + "/coordinator.key", "--tokens-file", pki + "/tokens"}),
+                      dir + "/coordinator.log");
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int i = 1; i <= kNamed; ++i) {
+    const std::string w = absl::StrCat(pki, "/worker-w", i);
+    workers.push_back(std::make_unique<Process>(
+        hosts.In(i, {BinDir() + "/pipemare-worker", "--coordinator", "coord:7070", "--listen",
+                     "0.0.0.0:7071", "--device", "cpu", "--threads", "1", "--tls-ca",
+                     pki + "/ca.pem", "--tls-cert", w + ".pem", "--tls-key", w + ".key"}),
+        absl::StrCat(dir, "/worker-", i, ".log")));
+  }
+  auto logs = [&] {
+    std::string all = coordinator.Log();
+    for (auto& w : workers) absl::StrAppend(&all, "\n--- worker\n", w->Log());
+    return all;
+  };
+  // The client as the README has it, on the coordinator's network.
+  auto ctl = [&](std::vector<std::string> args, double timeout) {
+    args.insert(args.begin(), {BinDir() + "/pipemarectl", "--coordinator", "coord:7070", "--tls-ca",
+                               pki + "/ca.pem", "--token-file", pki + "/submit.token"});
+    return pipemare::testing::Run(hosts.In(0, args), timeout);
+  };
+  ASSERT_TRUE(WaitFor(60, [&] {
+    auto r = ctl({"workers"}, 10);
+    return absl::StrContains(r.out, "w1:7071") && absl::StrContains(r.out, "w2:7071");
+  })) << logs();
+  const std::string spec = dir + "/spec.yaml";
+  std::ofstream(spec) << ShortSpec("recipe", "pipemare", kNamed, 3200);
+  auto submit = ctl({"submit", spec, "--wait"}, 300);
+  EXPECT_EQ(submit.exit_code, 0) << submit.out << submit.err << logs();
+  EXPECT_TRUE(absl::StrContains(submit.out, "SUCCEEDED")) << submit.out;
+
+  // A worker on the third host with w1's certificate: no name it holds is
+  // this host, and it says so at start instead of being refused forever.
+  const std::string w1 = pki + "/worker-w1";
+  Process misplaced(
+      hosts.In(3, {BinDir() + "/pipemare-worker", "--coordinator", "coord:7070", "--listen",
+                   "0.0.0.0:7071", "--threads", "1", "--tls-ca", pki + "/ca.pem", "--tls-cert",
+                   w1 + ".pem", "--tls-key", w1 + ".key"}),
+      dir + "/misplaced.log");
+  EXPECT_EQ(misplaced.Wait(20), 2) << misplaced.Log();
+  EXPECT_TRUE(absl::StrContains(misplaced.Log(), "certificate names w1")) << misplaced.Log();
+  // With --advertise a name its certificate lacks, the coordinator refuses
+  // it and the worker's own log says why.
+  Process refused(
+      hosts.In(3, {BinDir() + "/pipemare-worker", "--coordinator", "coord:7070", "--listen",
+                   "0.0.0.0:7072", "--advertise", absl::StrCat(Hosts::Address(3), ":7072"),
+                   "--threads", "1", "--metrics-listen", "", "--tls-ca", pki + "/ca.pem",
+                   "--tls-cert", w1 + ".pem", "--tls-key", w1 + ".key"}),
+      dir + "/refused.log");
+  EXPECT_TRUE(WaitFor(20, [&] {
+    return absl::StrContains(refused.Log(),
+                             "refused this worker: this worker's certificate "
+                             "names w1");
+  })) << refused.Log();
 }
 
 TEST(SeparateHosts, ACutLinkCostsTheStepsSinceTheCutAndTheCutOffWorkerCommitsNothing) {

@@ -20,6 +20,20 @@ std::string MnistDir() { return PIPEMARE_MNIST_DIR; }
 std::string FashionMnistDir() { return PIPEMARE_FASHION_MNIST_DIR; }
 
 namespace {
+// The services a test starts take their settings from the test alone: a
+// PIPEMARE_* variable of the shell that runs ctest (PIPEMARE_INSECURE,
+// PIPEMARE_TOKEN, ...) would add to or contradict the flags. Cleared once
+// at start-up; a test may still set one for a process it starts.
+const bool kInheritedSettingsCleared = [] {
+  std::vector<std::string> names;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (entry.rfind("PIPEMARE_", 0) == 0) names.push_back(entry.substr(0, entry.find('=')));
+  }
+  for (const std::string& name : names) unsetenv(name.c_str());
+  return true;
+}();
+
 int Spawn(const std::vector<std::string>& argv, const std::string& out_path,
           const std::string& err_path) {
   const pid_t parent = getpid();

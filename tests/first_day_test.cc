@@ -1,0 +1,239 @@
+// A user's first day, as the README and docs/ tell it: one process per port,
+// a watch that survives a coordinator restart, a cancel that keeps the
+// progress, mistakes refused at submit rather than retried at run time, and
+// displays that say where the job really is. Real processes, real MNIST,
+// driven through the real pipemarectl. Label: multiprocess.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "tests/cluster.h"
+#include "tests/process.h"
+
+namespace pipemare::testing {
+namespace {
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::string Port(const std::string& address) { return address.substr(address.rfind(':') + 1); }
+
+TEST(FirstDay, ASecondCoordinatorOrWorkerOnATakenPortOrStateDirExitsAtOnceNamingIt) {
+  const std::string state = MakeTempDir();
+  Cluster cluster(1, {"--state-dir", state});
+  ASSERT_TRUE(cluster.ok());
+  auto second = [&](std::vector<std::string> argv, const std::string& log) {
+    argv.insert(argv.end(), {"--insecure", "--metrics-listen", ""});
+    Process p(argv, cluster.dir() + "/" + log);
+    const int code = p.Wait(15);
+    return std::make_pair(code, p.Log());
+  };
+  // The coordinator's port, another state directory.
+  auto [code, log] = second({BinDir() + "/pipemare-coordinator", "--listen", cluster.address(),
+                             "--state-dir", MakeTempDir()},
+                            "second-coordinator.log");
+  EXPECT_EQ(code, 2) << log;
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat("port ", Port(cluster.address())))) << log;
+  EXPECT_TRUE(absl::StrContains(log, "--listen")) << log;
+  // Another port, the same state directory: it would run the same jobs.
+  std::tie(code, log) =
+      second({BinDir() + "/pipemare-coordinator", "--listen", "127.0.0.1:0", "--state-dir", state},
+             "third-coordinator.log");
+  EXPECT_EQ(code, 2) << log;
+  EXPECT_TRUE(absl::StrContains(log, "another pipemare-coordinator")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "--state-dir")) << log;
+  // A worker on the first worker's port.
+  const std::string taken = cluster.Workers().workers(0).address();
+  std::tie(code, log) =
+      second({BinDir() + "/pipemare-worker", "--coordinator", cluster.address(), "--listen", taken},
+             "second-worker.log");
+  EXPECT_EQ(code, 2) << log;
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat("port ", Port(taken)))) << log;
+  EXPECT_TRUE(absl::StrContains(log, "--listen")) << log;
+  // The first ones still serve alone.
+  EXPECT_EQ(cluster.CountWorkers(v1::IDLE), 1);
+  EXPECT_EQ(cluster.Ctl({"list"}).exit_code, 0);
+}
+
+TEST(FirstDay, SubmitWaitFollowsTheJobAcrossACoordinatorStopAndACrashAndExitsZero) {
+  const std::string state = MakeTempDir();
+  Cluster cluster(3, {"--state-dir", state, "--worker-timeout", "3"});
+  ASSERT_TRUE(cluster.ok());
+  const std::string spec =
+      cluster.WriteSpec("restarts", absl::StrCat(ShortSpec("restarts", "pipemare", 3, 12800, 2),
+                                                 "checkpoint: {every_steps: 50, keep: 3}\n"));
+  std::vector<std::string> argv = {BinDir() + "/pipemarectl", "--coordinator", cluster.address()};
+  for (const std::string& flag : ClientTlsFlags()) argv.push_back(flag);
+  argv.insert(argv.end(), {"submit", spec, "--wait"});
+  Process submit(argv, cluster.dir() + "/submit-wait.log");
+  const std::string id = "job-1";
+  ASSERT_TRUE(WaitFor(120, [&] { return cluster.Status(id).progress().step() > 60; }))
+      << submit.Log() << cluster.Logs();
+  // SIGTERM: the coordinator drains and stops; the next one continues.
+  cluster.coordinator().Signal(SIGTERM);
+  ASSERT_EQ(cluster.coordinator().Wait(40), 0) << cluster.Logs();
+  cluster.StartCoordinator();
+  ASSERT_FALSE(cluster.address().empty()) << cluster.Logs();
+  const int64_t after_stop = cluster.Status(id).checkpoint().step();
+  ASSERT_TRUE(WaitFor(120,
+                      [&] {
+                        const v1::JobStatus job = cluster.Status(id);
+                        return job.state() == v1::RUNNING &&
+                               job.progress().step() > after_stop + 60;
+                      }))
+      << submit.Log() << cluster.Logs();
+  // kill -9: the next one continues from the newest periodic cut.
+  cluster.coordinator().Signal(SIGKILL);
+  cluster.coordinator().Wait(10);
+  cluster.StartCoordinator();
+  ASSERT_FALSE(cluster.address().empty()) << cluster.Logs();
+  EXPECT_EQ(submit.Wait(400), 0) << submit.Log() << cluster.Logs();
+  EXPECT_TRUE(absl::StrContains(submit.Log(), "SUCCEEDED")) << submit.Log();
+  EXPECT_TRUE(absl::StrContains(submit.Log(), "reconnected to the coordinator")) << submit.Log();
+  EXPECT_EQ(cluster.Status(id).state(), v1::SUCCEEDED);
+}
+
+TEST(FirstDay, CancelKeepsTheProgressResumeContinuesAndMistakesAreRefusedAtSubmit) {
+  // Its own checkpoint directory (the default is shared by every test's job-1).
+  Cluster cluster(3, {"--checkpoint-dir", MakeTempDir()});
+  ASSERT_TRUE(cluster.ok());
+  // 200 steps an epoch, 2 epochs; the default checkpoint settings.
+  const std::string yaml = ShortSpec("cancel-me", "pipemare", 3, 6400, 2);
+  const std::string spec = cluster.WriteSpec("cancel-me", yaml);
+  const std::string id = cluster.Submit(spec);
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(WaitFor(120, [&] { return cluster.Status(id).progress().step() > 40; }))
+      << cluster.Logs();
+  auto cancel = cluster.Ctl({"cancel", id});
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
+  EXPECT_TRUE(absl::StrContains(cancel.out, id + " CANCELLED")) << cancel.out << cancel.err;
+  EXPECT_FALSE(absl::StrContains(cancel.out, "RUNNING")) << cancel.out;
+  v1::JobStatus job = cluster.Status(id);
+  ASSERT_EQ(job.state(), v1::CANCELLED);
+  const int64_t cut = job.checkpoint().step();
+  EXPECT_GT(cut, 40) << "the cancel cut a checkpoint where it stopped";
+  EXPECT_LT(cut, 200);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "resume")) << job.reason();
+  // Where it stopped: epoch 1 of 2, not the next one.
+  EXPECT_EQ(job.progress().epoch(), 1) << job.DebugString();
+  auto status = cluster.Ctl({"status", id});
+  EXPECT_TRUE(absl::StrContains(status.out, "epoch 1/2")) << status.out;
+  auto list = cluster.Ctl({"list"});
+  EXPECT_FALSE(absl::StrContains(list.out, "2/2")) << list.out;
+
+  // Resume from the cancel's cut: each epoch reported once.
+  auto resume = cluster.Ctl({"resume", id, "--wait"}, 300);
+  EXPECT_EQ(resume.exit_code, 0) << resume.out << resume.err << cluster.Logs();
+  job = cluster.Status(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(job.resumed_from_step(), cut);
+  ASSERT_EQ(job.epochs_size(), 2) << job.DebugString();
+  EXPECT_EQ(job.epochs(0).epoch(), 1);
+  EXPECT_EQ(job.epochs(1).epoch(), 2);
+  EXPECT_EQ(Count(resume.out, "epoch 1/2 done"), 1) << resume.out;
+  EXPECT_EQ(Count(resume.out, "epoch 2/2 done"), 1) << resume.out;
+
+  // Export to a bare file name, in the client's working directory.
+  const std::string cwd = MakeTempDir();
+  std::string command = absl::StrCat("cd ", cwd, " && exec ", BinDir(),
+                                     "/pipemarectl --coordinator ", cluster.address());
+  for (const std::string& flag : ClientTlsFlags()) absl::StrAppend(&command, " ", flag);
+  auto exported =
+      pipemare::testing::Run({"/bin/sh", "-c", command + " export " + id + " --out model.pt"}, 60);
+  EXPECT_EQ(exported.exit_code, 0) << exported.err;
+  EXPECT_TRUE(std::filesystem::exists(cwd + "/model.pt"));
+  EXPECT_TRUE(std::filesystem::exists(cwd + "/model.pt.json"));
+  // A checkpoint checkpoint.keep deleted: which ones there are.
+  auto gone = cluster.Ctl({"export", id, "--checkpoint", "1", "--out", cwd + "/old.pt"});
+  EXPECT_NE(gone.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(gone.err, "no checkpoint at step 1")) << gone.err;
+  EXPECT_TRUE(absl::StrContains(gone.err, "400")) << gone.err;
+
+  // Refused at submit, naming the field and the fix.
+  auto refused = [&](const std::string& name, const std::string& text,
+                     std::vector<std::string> extra) {
+    std::vector<std::string> args = {"submit", cluster.WriteSpec(name, text)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return cluster.Ctl(args);
+  };
+  // Other widths, the same number of units.
+  auto widths =
+      refused("widths",
+              absl::StrReplaceAll(
+                  yaml, {{"layers: [784, 256, 128, 64, 10]", "layers: [784, 128, 128, 64, 10]"},
+                         {"epochs: 2", "epochs: 3"}}),
+              {"--from", id});
+  EXPECT_EQ(widths.exit_code, 2) << widths.err;
+  EXPECT_TRUE(absl::StrContains(widths.err, "model: differs")) << widths.err;
+  EXPECT_TRUE(absl::StrContains(widths.err, "layers")) << widths.err;
+  // No step left to train after the source's last one.
+  auto epochs = refused("epochs", yaml, {"--from", id});
+  EXPECT_EQ(epochs.exit_code, 2) << epochs.err;
+  EXPECT_TRUE(absl::StrContains(epochs.err, "train.epochs")) << epochs.err;
+  EXPECT_TRUE(absl::StrContains(epochs.err, "step 400")) << epochs.err;
+  // Gloo sends plaintext; this cluster runs TLS.
+  auto gloo =
+      refused("gloo",
+              absl::StrReplaceAll(
+                  yaml, {{"discrepancy_decay: 0.1", "discrepancy_decay: 0.1, transport: gloo"}}),
+              {});
+  EXPECT_EQ(gloo.exit_code, 2) << gloo.err;
+  EXPECT_TRUE(absl::StrContains(gloo.err, "schedule.transport")) << gloo.err;
+  auto jobs = cluster.Ctl({"list"});
+  EXPECT_EQ(Count(jobs.out, "job-"), 1) << "nothing refused was queued:\n" << jobs.out;
+
+  // A second job on the same workers: while it runs, no worker claims to
+  // hold the first one.
+  const std::string next =
+      cluster.Submit(cluster.WriteSpec("next", ShortSpec("next", "gpipe", 3, 6400, 1)));
+  ASSERT_TRUE(WaitFor(60, [&] { return cluster.Status(next).state() == v1::RUNNING; }));
+  const v1::ListWorkersResponse listed = cluster.Workers();
+  for (const auto& w : listed.workers()) {
+    if (w.job_id().empty()) continue;
+    EXPECT_TRUE(w.served().job_id().empty() || w.served().job_id() == w.job_id())
+        << w.DebugString();
+  }
+  EXPECT_EQ(cluster.WaitForEnd(next, 300).state(), v1::SUCCEEDED);
+}
+
+TEST(FirstDay, LocalRefusesTooFewWorkersNamesLogsAfterWorkersAndExportsToABareName) {
+  const std::string dir = MakeTempDir();
+  const std::string spec = dir + "/spec.yaml";
+  std::ofstream(spec) << ShortSpec("local", "pipemare", 2, 640, 1);
+  auto few =
+      pipemare::testing::Run({BinDir() + "/pipemarectl", "local", spec, "--workers", "1"}, 30);
+  EXPECT_EQ(few.exit_code, 2) << few.err;
+  EXPECT_TRUE(absl::StrContains(few.err, "--workers 2")) << few.err;
+  // PIPEMARE_* of the user's shell reach neither the run nor its services.
+  auto run = pipemare::testing::Run(
+      {"/bin/sh", "-c",
+       absl::StrCat("cd ", dir, " && PIPEMARE_INSECURE=1 PIPEMARE_METRICS_LISTEN= exec ", BinDir(),
+                    "/pipemarectl local ", spec, " --export model.pt --keep-logs")},
+      300);
+  EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/model.pt")) << run.err;
+  const std::string marker = "logs kept in ";
+  const size_t at = run.err.rfind(marker);
+  ASSERT_NE(at, std::string::npos) << run.err;
+  std::string logs = run.err.substr(at + marker.size());
+  logs = logs.substr(0, logs.find('\n'));
+  for (const std::string id : {"w-1", "w-2"}) {
+    const std::string log = ReadFile(logs + "/" + id + ".log");
+    EXPECT_TRUE(absl::StrContains(log, " as " + id)) << id << ":\n" << log;
+  }
+}
+
+}  // namespace
+}  // namespace pipemare::testing
