@@ -128,7 +128,7 @@ void PrintJobStatus(const v1::JobStatus& job, OutputFormat output) {
 }
 
 int RunSubmit(const GlobalOptions& options, const std::string& file, bool wait,
-              const std::string& from) {
+              const std::string& from, const std::string& init_from) {
   absl::StatusOr<v1::JobSpec> spec = LoadValidSpec(file);
   if (!spec.ok()) return kExitBadInput;
 
@@ -137,6 +137,7 @@ int RunSubmit(const GlobalOptions& options, const std::string& file, bool wait,
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *std::move(spec);
   request.set_from_checkpoint(from);
+  request.set_init_from(init_from);
   v1::SubmitJobResponse response;
   grpc::Status status = stub->SubmitJob(context.get(), request, &response);
   if (!status.ok()) return ReportRpcError(status, options.coordinator);

@@ -52,8 +52,9 @@ void PrintJobStatus(const v1::JobStatus& job, OutputFormat output);
 
 // The commands. Each returns the process exit code.
 // `from`: SubmitJobRequest.from_checkpoint (empty: from the first step).
+// `init_from`: SubmitJobRequest.init_from (weights only, from step 0).
 int RunSubmit(const GlobalOptions& options, const std::string& file, bool wait,
-              const std::string& from = "");
+              const std::string& from = "", const std::string& init_from = "");
 int RunStatus(const GlobalOptions& options, const std::string& job_id);
 int RunList(const GlobalOptions& options);
 int RunWatch(const GlobalOptions& options, const std::string& job_id);

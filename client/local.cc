@@ -413,14 +413,15 @@ absl::StatusOr<std::string> StartCoordinator(LocalCluster& cluster, const std::s
 // `targets_file` is set, writes them there as Prometheus file_sd targets.
 absl::Status StartWorkers(LocalCluster& cluster, const std::string& binary,
                           const std::string& coordinator, int count, int threads,
-                          const std::string& targets_file,
+                          const std::string& device, const std::string& targets_file,
                           const std::vector<std::string>& security) {
   for (int k = 1; k <= count; ++k) {
     std::vector<std::string> args = {"--coordinator",      coordinator,
                                      "--listen",           "127.0.0.1:0",
                                      "--threads",          std::to_string(threads),
                                      "--workers-per-host", std::to_string(count),
-                                     "--metrics-listen",   "127.0.0.1:0"};
+                                     "--metrics-listen",   "127.0.0.1:0",
+                                     "--device",           device};
     args.insert(args.end(), security.begin(), security.end());
     absl::Status started = cluster.Start(absl::StrCat("worker-process-", k), binary, args);
     if (!started.ok()) return started;
@@ -595,7 +596,7 @@ int RunLocal(const GlobalOptions& options, const LocalOptions& local) {
     absl::Status up = address.status();
     if (up.ok()) {
       job_options.coordinator = *address;
-      up = StartWorkers(cluster, *worker_bin, *address, workers, local.threads,
+      up = StartWorkers(cluster, *worker_bin, *address, workers, local.threads, local.device,
                         local.prometheus_targets, worker_security);
     }
     if (absl::IsCancelled(up)) {

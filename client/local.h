@@ -22,6 +22,9 @@ struct LocalOptions {
   // Plaintext without authentication instead of a throwaway CA's mutual
   // TLS and a token.
   bool insecure = false;
+  // Each worker's --device ("cpu", "cuda", "cuda:N"): workers on one GPU
+  // share it.
+  std::string device = "cpu";
 };
 
 // Validates the spec, starts the cluster, runs the job to its end, prints the

@@ -73,6 +73,13 @@ int Main(int argc, char** argv) {
                      "Start from another job's checkpoint: a job id (its newest checkpoint) or a "
                      "checkpoint step directory on the coordinator's host; P, the partition and "
                      "the schedule may differ, the model may not");
+  std::string init_from;
+  submit
+      ->add_option("--init-from", init_from,
+                   "Start from another job's weights only (a job id or checkpoint step "
+                   "directory, as --from), at step 0 with fresh optimizer state and schedule: "
+                   "a fine-tune, or a new schedule from trained weights")
+      ->excludes("--from");
 
   CLI::App* status = app.add_subcommand("status", "Show one job in detail");
   status->add_option("JOB", job_id, "Job id")->required();
@@ -116,6 +123,10 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   local_cmd->add_option("--export", local.export_file,
                         "When the job succeeds, write its trained model here (as export does)");
+  local_cmd
+      ->add_option("--device", local.device,
+                   "Every worker's --device: cpu, cuda or cuda:N (workers share one GPU)")
+      ->capture_default_str();
   local_cmd->add_flag("--keep-logs", local.keep_logs,
                       "Keep the log directory even if the job succeeds");
   local_cmd->add_option("--prometheus-targets", local.prometheus_targets,
@@ -279,7 +290,7 @@ int Main(int argc, char** argv) {
   }
   SetRpcSecurity(std::move(*security));
 
-  if (*submit) return RunSubmit(options, file, wait, from);
+  if (*submit) return RunSubmit(options, file, wait, from, init_from);
   if (*status) return RunStatus(options, job_id);
   if (*list) return RunList(options);
   if (*watch) return RunWatch(options, job_id);

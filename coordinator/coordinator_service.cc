@@ -62,7 +62,7 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
                                      "holding them"));
   }
   const std::string submitter = CallerName(*context);
-  auto job = manager_->Submit(req->spec(), req->from_checkpoint(), submitter);
+  auto job = manager_->Submit(req->spec(), req->from_checkpoint(), submitter, req->init_from());
   if (!job.ok()) {
     LogWarning(absl::StrCat("refused a job from ", submitter, ": ", job.status().message()));
     return ToGrpc(job.status());

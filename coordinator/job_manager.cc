@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "common/log.h"
 #include "common/thread_name.h"
 #include "google/protobuf/util/json_util.h"
@@ -118,7 +119,13 @@ absl::StatusOr<Manifest> JobManager::ResolveFrom(const std::string& from,
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::string& from,
-                                                 const std::string& submitter) {
+                                                 const std::string& submitter,
+                                                 const std::string& init_from) {
+  if (!from.empty() && !init_from.empty()) {
+    return absl::InvalidArgumentError(
+        "from_checkpoint and init_from: give one (--from continues a job's training, "
+        "--init-from starts a new one from its weights)");
+  }
   ApplyJobSpecDefaults(spec);
   if (auto st = ValidateJobSpec(spec); !st.ok()) return st;
   int queued = 0;
@@ -170,12 +177,18 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
   const bool never_async = sched.type() != "gpipe" && warmup_steps > 0 &&
                            warmup_steps >= steps_per_epoch * spec.train().epochs();
   std::string from_manifest;
-  if (!from.empty()) {
-    auto m = ResolveFrom(from, &from_manifest);
-    if (!m.ok()) return m.status();
+  const std::string& source = from.empty() ? init_from : from;
+  const std::string source_flag = from.empty() ? "init_from" : "from_checkpoint";
+  if (!source.empty()) {
+    auto m = ResolveFrom(source, &from_manifest);
+    if (!m.ok()) {
+      return absl::Status(
+          m.status().code(),
+          absl::StrReplaceAll(m.status().message(), {{"from_checkpoint:", source_flag + ":"}}));
+    }
     if (m->files.size() != plan->units.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "from_checkpoint: ", from_manifest, " holds ", m->files.size(),
+          source_flag, ": ", from_manifest, " holds ", m->files.size(),
           " units but this spec's model has ", plan->units.size(),
           "; start from a checkpoint of the same model (P and the partition may differ)"));
     }
@@ -192,28 +205,30 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
       std::string differences;
       differ.ReportDifferencesToString(&differences);
       if (!differ.Compare(theirs, ours)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model: differs from the model of ", from_manifest, " (", source.name(),
-            "): ", absl::StripAsciiWhitespace(differences),
-            "; --from continues the same model (P, the partition and the schedule may differ): "
-            "use that job's model settings"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("model: differs from the model of ", from_manifest, " (", source.name(),
+                         "): ", absl::StripAsciiWhitespace(differences),
+                         "; --from and --init-from take the same model (P, the partition and the "
+                         "schedule may differ): use that job's model settings"));
       }
     }
     const int64_t total_steps = steps_per_epoch * spec.train().epochs();
-    if (m->step >= total_steps) {
+    if (!from.empty() && m->step >= total_steps) {
       return absl::InvalidArgumentError(
           absl::StrCat("train.epochs: the checkpoint of ", from_manifest, " is at step ", m->step,
                        " and this spec trains ", total_steps, " steps in all (",
                        spec.train().epochs(), " epochs of ", steps_per_epoch,
-                       "); --from continues from that step, so raise "
-                       "train.epochs to train on past it"));
+                       "); --from continues from that step, so raise train.epochs to train "
+                       "on past it, or use --init-from to start a new schedule from its "
+                       "weights"));
     }
   }
   v1::JobStatus job = store_->Create(spec);
   store_
       ->Update(job.id(),
                [&](v1::JobStatus& s) {
-                 s.set_from_checkpoint(from_manifest);
+                 (from.empty() ? s.mutable_init_from() : s.mutable_from_checkpoint())
+                     ->assign(from_manifest);
                  s.set_submitted_by(submitter);
                })
       .IgnoreError();
@@ -538,6 +553,7 @@ absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInf
     // A job with a committed checkpoint (resumed, recovering, or running
     // when the coordinator restarted) continues from its newest valid one.
     std::optional<Manifest> resume;
+    bool weights_only = false;
     if (!job->checkpoint().manifest().empty()) {
       std::vector<std::string> skipped;
       auto m = NewestValidManifest(CheckpointDirOf(*job), id, &skipped);
@@ -555,14 +571,17 @@ absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInf
       }
       if (!m.ok()) return m.status();
       resume = std::move(*m);
-    } else if (!job->from_checkpoint().empty()) {
-      // submit --from: another job's cut, verified again now.
-      auto m = ReadManifest(std::filesystem::path(job->from_checkpoint()).parent_path().string());
+    } else if (!job->from_checkpoint().empty() || !job->init_from().empty()) {
+      // submit --from / --init-from: another job's cut, verified again now.
+      const bool init = job->from_checkpoint().empty();
+      const std::string& manifest = init ? job->init_from() : job->from_checkpoint();
+      auto m = ReadManifest(std::filesystem::path(manifest).parent_path().string());
       if (!m.ok()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("from_checkpoint: ", job->from_checkpoint(), ": ", m.status().message()));
+        return absl::FailedPreconditionError(absl::StrCat(
+            init ? "init_from: " : "from_checkpoint: ", manifest, ": ", m.status().message()));
       }
       resume = std::move(*m);
+      weights_only = init;
     }
     auto drain = std::make_shared<DrainRequest>();
     {
@@ -574,6 +593,7 @@ absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInf
     context.drain = drain.get();
     context.generation = job->generation() + 1;
     context.resume = resume ? &*resume : nullptr;
+    context.weights_only = weights_only;
     context.recovering_since = recovering_since;
     store_->Update(id, [&](v1::JobStatus& s) { s.set_generation(context.generation); })
         .IgnoreError();

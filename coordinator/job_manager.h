@@ -47,8 +47,11 @@ class JobManager {
   // `from`: SubmitJobRequest.from_checkpoint (empty: from the first step);
   // refused naming the field when it names no verified checkpoint, or one of
   // another number of units.
+  // `init_from`: SubmitJobRequest.init_from (weights only, from step 0);
+  // at most one of the two.
   absl::StatusOr<v1::JobStatus> Submit(v1::JobSpec spec, const std::string& from = "",
-                                       const std::string& submitter = "anonymous");
+                                       const std::string& submitter = "anonymous",
+                                       const std::string& init_from = "");
   // PENDING -> CANCELLED at once; RUNNING -> CANCELLED once its runner stops
   // (within a second). FAILED_PRECONDITION for a job that already ended.
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& id);

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -177,6 +178,9 @@ class JobRunner::Impl {
   int64_t samples_trained_ = 0;
   int epoch_ = 0;
   double train_seconds_ = 0;  // time spent training (not evaluating)
+  // A resume from a cut inside an epoch an earlier run finished: that run's
+  // result of it, whose share before the cut completes the new one.
+  std::optional<v1::EpochResult> cut_epoch_before_;
   Clock::time_point epoch_train_start_;
   Clock::time_point last_event_ = Clock::now();
   Clock::time_point last_publish_;
@@ -844,7 +848,8 @@ absl::Status JobRunner::Impl::Run() {
   }
   Publish(true);
   StartCommitter();
-  const Manifest* resume = r_.context_->resume;
+  // Where training continues (weights alone start at step 0).
+  const Manifest* resume = r_.context_->weights_only ? nullptr : r_.context_->resume;
   const int N = spec_.schedule().microbatches_per_step();
   const int64_t first_epoch = resume != nullptr ? resume->step / steps_per_epoch_ + 1 : 1;
   // epoch_ stays at the epoch a failure or cancel ended in (status shows it).
@@ -948,11 +953,35 @@ absl::StatusOr<std::vector<v1::StageAssignment>> JobRunner::Impl::PlanRun() {
   return assignments;
 }
 
+namespace {
+// Each stage's units' files of the cut `m` (any partition's: by unit index).
+void AddRestoreFiles(const Manifest& m, std::vector<v1::StageAssignment>& assignments) {
+  for (auto& a : assignments) {
+    for (const auto& f : m.files) {
+      if (f.unit < a.first_unit() || f.unit >= a.first_unit() + a.units()) continue;
+      auto* file = a.add_restore();
+      file->set_unit(f.unit);
+      file->set_path(f.path);
+      file->set_bytes(f.bytes);
+      file->set_sha256(f.sha256);
+    }
+  }
+}
+}  // namespace
+
 absl::Status JobRunner::Impl::ApplyResume(std::vector<v1::StageAssignment>& assignments) {
   const Manifest* resume = r_.context_->resume;
-  if (resume == nullptr) {
+  if (resume == nullptr || r_.context_->weights_only) {
     // A first run, or one run again from its first step: no old results.
     r_.store_->Update(r_.job_id_, [](v1::JobStatus& s) { s.clear_epochs(); }).IgnoreError();
+  }
+  if (resume == nullptr) return absl::OkStatus();
+  if (r_.context_->weights_only) {
+    // --init-from: the units' weights, then everything else from step 0.
+    LogInfo(ForJob(r_.job_id_), absl::StrCat("starting from the weights of the checkpoint of ",
+                                             resume->job, " at step ", resume->step));
+    for (auto& a : assignments) a.set_restore_weights_only(true);
+    AddRestoreFiles(*resume, assignments);
     return absl::OkStatus();
   }
   if (resume->step >= total_steps_ || resume->step < 0) {
@@ -972,24 +1001,20 @@ absl::Status JobRunner::Impl::ApplyResume(std::vector<v1::StageAssignment>& assi
                [&](v1::JobStatus& s) {
                  s.set_resumed_from_step(resume->step);
                  committed_ = s.checkpoint().committed();
-                 // Results after the cut are trained again.
+                 // Results after the cut are trained again. The epoch the cut
+                 // falls in is trained only from the cut on: what an earlier
+                 // run measured of it stands for the part before the cut.
                  auto* epochs = s.mutable_epochs();
                  while (!epochs->empty() && epochs->rbegin()->epoch() >= resume->epoch) {
+                   if (epochs->rbegin()->epoch() == resume->epoch) {
+                     cut_epoch_before_ = *epochs->rbegin();
+                   }
                    epochs->RemoveLast();
                  }
                })
       .IgnoreError();
-  for (auto& a : assignments) {
-    a.set_start_step(resume->step);
-    for (const auto& f : resume->files) {
-      if (f.unit < a.first_unit() || f.unit >= a.first_unit() + a.units()) continue;
-      auto* file = a.add_restore();
-      file->set_unit(f.unit);
-      file->set_path(f.path);
-      file->set_bytes(f.bytes);
-      file->set_sha256(f.sha256);
-    }
-  }
+  for (auto& a : assignments) a.set_start_step(resume->step);
+  AddRestoreFiles(*resume, assignments);
   return absl::OkStatus();
 }
 
@@ -1071,8 +1096,17 @@ absl::Status JobRunner::Impl::EvaluateEpoch() {
       eval_predictions_ ? static_cast<double>(eval_correct_) / eval_predictions_ : 0;
   const double test_loss = eval_predictions_ ? eval_loss_ / eval_predictions_ : 0;
   const double perplexity = lm_ ? std::exp(test_loss) : 0;
-  const double epoch_train_loss = epoch_loss_count_ ? epoch_loss_ / epoch_loss_count_ : 0;
-  const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start_).count();
+  double epoch_train_loss = epoch_loss_count_ ? epoch_loss_ / epoch_loss_count_ : 0;
+  double seconds = std::chrono::duration<double>(Clock::now() - epoch_start_).count();
+  if (cut_epoch_before_ && cut_epoch_before_->epoch() == epoch_ && r_.context_->resume != nullptr) {
+    // Weighted by steps: the earlier run's epoch average for the steps
+    // before the cut, this run's for the rest.
+    const double before =
+        static_cast<double>(r_.context_->resume->step % steps_per_epoch_) / steps_per_epoch_;
+    epoch_train_loss = before * cut_epoch_before_->train_loss() + (1 - before) * epoch_train_loss;
+    seconds += before * cut_epoch_before_->seconds();
+  }
+  cut_epoch_before_.reset();
   r_.store_
       ->Update(r_.job_id_,
                [&](v1::JobStatus& s) {

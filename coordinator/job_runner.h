@@ -85,6 +85,8 @@ struct RunContext {
   // first step): every stage restores its units from it, and step count,
   // learning rates, data position and results continue after its step.
   const Manifest* resume = nullptr;
+  // With `resume`: take only its weights and start at step 0 (--init-from).
+  bool weights_only = false;
   // Set when this run recovers from a failure detected then: the first step
   // it trains completes the job's last Restart (recover_seconds).
   std::chrono::steady_clock::time_point recovering_since{};

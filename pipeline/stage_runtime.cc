@@ -348,6 +348,10 @@ at::Generator DefaultGenerator(const torch::Device& device) {
 }
 }  // namespace
 
+std::string RngKey(const torch::Device& device) {
+  return device.is_cuda() ? "rng/cuda_state" : "rng/state";
+}
+
 torch::Tensor StageRuntime::RngState() const {
   if (virtual_.enabled) return torch::Tensor();
   at::Generator gen = DefaultGenerator(device_);
@@ -785,14 +789,18 @@ StageSnapshot StageRuntime::Snapshot() const {
   // The generator dropout draws from, in every unit: a stage restored from
   // any partition takes its first unit's (a few KB each).
   if (const torch::Tensor rng = RngState(); rng.defined()) {
-    for (auto& unit : snapshot.units) unit.tensors.emplace_back("rng/state", rng.clone());
+    for (auto& unit : snapshot.units) unit.tensors.emplace_back(RngKey(device_), rng.clone());
   }
   return snapshot;
 }
 
-absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t step) {
+absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t step,
+                                   bool weights_only) {
   if (stats_.forwards > 0 || stats_.steps > 0) {
     return absl::FailedPreconditionError("restore: the stage has already trained");
+  }
+  if (weights_only && step != 0) {
+    return absl::InvalidArgumentError("restore: weights alone start at step 0");
   }
   std::map<int, const UnitState*> by_unit;
   for (const auto& u : units) by_unit[u.unit] = &u;
@@ -825,6 +833,7 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
         torch::Tensor w = take("param/" + name, p.value());
         if (!w.defined()) throw std::invalid_argument(absl::StrCat("unit ", u, " has no ", name));
         p.value().copy_(w);
+        if (weights_only) continue;
         const size_t j = index.at(p.value().unsafeGetTensorImpl());
         if (TracksVelocity()) {
           torch::Tensor v = take("t2/" + name, p.value());
@@ -880,9 +889,13 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
   }
   // Dropout's generator as it was at the cut (absent in older checkpoints:
   // the generator stays seeded as created).
-  if (auto first = by_unit.find(first_unit_); first != by_unit.end() && !virtual_.enabled) {
+  if (auto first = by_unit.find(first_unit_);
+      first != by_unit.end() && !virtual_.enabled && !weights_only) {
+    // A cut taken on another device type holds that type's generator
+    // (CPU and CUDA states differ): this stage's generator then stays as
+    // seeded.
     for (const auto& [key, tensor] : first->second->tensors) {
-      if (key != "rng/state") continue;
+      if (key != RngKey(device_)) continue;
       absl::Status st = Guard("restore", [&] { SetRngState(tensor); });
       if (!st.ok()) {
         return absl::DataLossError(

@@ -105,6 +105,11 @@ struct LossResult {
   int64_t predictions = 0;  // examples, or tokens for a language model
 };
 
+// The key of dropout's generator state in a cut's unit files: per device
+// type ("rng/state" on CPU, "rng/cuda_state" on CUDA), since a CUDA
+// generator's state does not load into a CPU one or the other way round.
+std::string RngKey(const torch::Device& device);
+
 class StageRuntime {
  public:
   // Validates the assignment (unit range, schedule, optimizer) and builds the
@@ -173,7 +178,10 @@ class StageRuntime {
   // count (the learning-rate schedule, T1 and T3 continue from it). Call
   // before the first forward. DATA_LOSS naming the unit and tensor when one is
   // missing or of another shape.
-  absl::Status Restore(const std::vector<UnitState>& units, int64_t step);
+  // `weights_only` (submit --init-from): weights and buffers alone, at step
+  // 0; optimizer state, T2's δ and the generator start fresh.
+  absl::Status Restore(const std::vector<UnitState>& units, int64_t step,
+                       bool weights_only = false);
 
   // The stage's parameters (for tests).
   std::vector<torch::Tensor> Parameters() const { return module_->parameters(); }

@@ -88,7 +88,14 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
       if (!unit.ok()) return unit.status();
       units.push_back(std::move(*unit));
     }
-    if (auto st = host->runtime_->Restore(units, a.start_step()); !st.ok()) return st;
+    if (a.restore_weights_only() && a.start_step() != 0) {
+      return absl::InvalidArgumentError(
+          "restore_weights_only: weights alone start at step 0 (start_step must be 0)");
+    }
+    if (auto st = host->runtime_->Restore(units, a.start_step(), a.restore_weights_only());
+        !st.ok()) {
+      return st;
+    }
     host->restored_from_memory_ = !units.empty() && from_memory == static_cast<int>(units.size());
     host->metrics_->Update(host->runtime_->Stats());
     LogInfo(ForStage(a.job_id(), a.stage()),

@@ -62,6 +62,14 @@ TEST(FirstDay, ASecondCoordinatorOrWorkerOnATakenPortOrStateDirExitsAtOnceNaming
   EXPECT_EQ(code, 2) << log;
   EXPECT_TRUE(absl::StrContains(log, absl::StrCat("port ", Port(taken)))) << log;
   EXPECT_TRUE(absl::StrContains(log, "--listen")) << log;
+  // No GPU here: --device cuda is refused at start, naming the flag.
+  if (!std::filesystem::exists("/dev/nvidia0")) {
+    std::tie(code, log) = second(
+        {BinDir() + "/pipemare-worker", "--coordinator", cluster.address(), "--device", "cuda"},
+        "cuda-worker.log");
+    EXPECT_EQ(code, 2) << log;
+    EXPECT_TRUE(absl::StrContains(log, "--device cuda")) << log;
+  }
   // The first ones still serve alone.
   EXPECT_EQ(cluster.CountWorkers(v1::IDLE), 1);
   EXPECT_EQ(cluster.Ctl({"list"}).exit_code, 0);
@@ -73,7 +81,7 @@ TEST(FirstDay, SubmitWaitFollowsTheJobAcrossACoordinatorStopAndACrashAndExitsZer
   ASSERT_TRUE(cluster.ok());
   const std::string spec =
       cluster.WriteSpec("restarts", absl::StrCat(ShortSpec("restarts", "pipemare", 3, 12800, 2),
-                                                 "checkpoint: {every_steps: 50, keep: 3}\n"));
+                                                 "checkpoint: {every_steps: 150, keep: 3}\n"));
   std::vector<std::string> argv = {BinDir() + "/pipemarectl", "--coordinator", cluster.address()};
   for (const std::string& flag : ClientTlsFlags()) argv.push_back(flag);
   argv.insert(argv.end(), {"submit", spec, "--wait"});
@@ -86,15 +94,16 @@ TEST(FirstDay, SubmitWaitFollowsTheJobAcrossACoordinatorStopAndACrashAndExitsZer
   ASSERT_EQ(cluster.coordinator().Wait(40), 0) << cluster.Logs();
   cluster.StartCoordinator();
   ASSERT_FALSE(cluster.address().empty()) << cluster.Logs();
-  const int64_t after_stop = cluster.Status(id).checkpoint().step();
-  ASSERT_TRUE(WaitFor(120,
+  // kill -9 once epoch 1 (400 steps) is scored: the next coordinator goes
+  // back to the newest periodic cut, 300 when the kill is quick enough, and
+  // trains the rest of epoch 1 again.
+  v1::JobStatus before;
+  ASSERT_TRUE(WaitFor(180,
                       [&] {
-                        const v1::JobStatus job = cluster.Status(id);
-                        return job.state() == v1::RUNNING &&
-                               job.progress().step() > after_stop + 60;
+                        before = cluster.Status(id);
+                        return before.epochs_size() >= 1;
                       }))
       << submit.Log() << cluster.Logs();
-  // kill -9: the next one continues from the newest periodic cut.
   cluster.coordinator().Signal(SIGKILL);
   cluster.coordinator().Wait(10);
   cluster.StartCoordinator();
@@ -102,7 +111,17 @@ TEST(FirstDay, SubmitWaitFollowsTheJobAcrossACoordinatorStopAndACrashAndExitsZer
   EXPECT_EQ(submit.Wait(400), 0) << submit.Log() << cluster.Logs();
   EXPECT_TRUE(absl::StrContains(submit.Log(), "SUCCEEDED")) << submit.Log();
   EXPECT_TRUE(absl::StrContains(submit.Log(), "reconnected to the coordinator")) << submit.Log();
-  EXPECT_EQ(cluster.Status(id).state(), v1::SUCCEEDED);
+  const v1::JobStatus after = cluster.Status(id);
+  EXPECT_EQ(after.state(), v1::SUCCEEDED);
+  ASSERT_EQ(after.epochs_size(), 2) << after.DebugString();
+  EXPECT_EQ(Count(submit.Log(), "epoch 1/2 done"), 1) << submit.Log();
+  if (after.resumed_from_step() < 400) {
+    // Epoch 1 was trained again from the cut only: its result still speaks
+    // for the whole epoch, not the steps after the cut.
+    EXPECT_GT(after.epochs(0).seconds(), 0.6 * before.epochs(0).seconds())
+        << "resumed from " << after.resumed_from_step() << "\n"
+        << before.epochs(0).DebugString() << after.epochs(0).DebugString();
+  }
 }
 
 TEST(FirstDay, CancelKeepsTheProgressResumeContinuesAndMistakesAreRefusedAtSubmit) {
@@ -193,6 +212,27 @@ TEST(FirstDay, CancelKeepsTheProgressResumeContinuesAndMistakesAreRefusedAtSubmi
   EXPECT_TRUE(absl::StrContains(gloo.err, "schedule.transport")) << gloo.err;
   auto jobs = cluster.Ctl({"list"});
   EXPECT_EQ(Count(jobs.out, "job-"), 1) << "nothing refused was queued:\n" << jobs.out;
+
+  // --init-from: the trained weights, a new schedule from step 0.
+  const double source_accuracy = job.metrics().test_accuracy();
+  auto init = cluster.Ctl(
+      {"submit",
+       cluster.WriteSpec("init", absl::StrReplaceAll(
+                                     yaml, {{"epochs: 2", "epochs: 1"}, {"lr: 0.05", "lr: 0.01"}})),
+       "--init-from", id, "--wait", "--output", "json"},
+      300);
+  EXPECT_EQ(init.exit_code, 0) << init.out << init.err << cluster.Logs();
+  v1::JobStatus fine_tuned;
+  ASSERT_TRUE(ParseJson(init.out, &fine_tuned)) << init.out;
+  EXPECT_EQ(fine_tuned.state(), v1::SUCCEEDED);
+  EXPECT_FALSE(fine_tuned.init_from().empty());
+  EXPECT_EQ(fine_tuned.resumed_from_step(), 0);
+  EXPECT_EQ(fine_tuned.progress().total_steps(), 200);
+  // One epoch at a fifth of the learning rate from scratch would not get here.
+  EXPECT_GE(fine_tuned.metrics().test_accuracy(), source_accuracy - 0.03)
+      << "source " << source_accuracy;
+  auto both = cluster.Ctl({"submit", spec, "--from", id, "--init-from", id});
+  EXPECT_EQ(both.exit_code, 2) << both.err;
 
   // A second job on the same workers: while it runs, no worker claims to
   // hold the first one.

@@ -282,11 +282,11 @@ TEST(SeparateHosts, TheReadmesClusterRecipeWithHostNamesTrainsAndARefusedWorkerS
     for (auto& w : workers) absl::StrAppend(&all, "\n--- worker\n", w->Log());
     return all;
   };
-  // The client as the README has it, on the coordinator's network.
+  // The client as the README has it, from another host of the network.
   auto ctl = [&](std::vector<std::string> args, double timeout) {
     args.insert(args.begin(), {BinDir() + "/pipemarectl", "--coordinator", "coord:7070", "--tls-ca",
                                pki + "/ca.pem", "--token-file", pki + "/submit.token"});
-    return pipemare::testing::Run(hosts.In(0, args), timeout);
+    return pipemare::testing::Run(hosts.In(kNamed + 1, args), timeout);
   };
   ASSERT_TRUE(WaitFor(60, [&] {
     auto r = ctl({"workers"}, 10);

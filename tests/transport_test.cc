@@ -159,18 +159,20 @@ TEST(Transport, AKilledWorkerOnGlooIsRecoveredWithoutAHang) {
   }
 }
 
-TEST(Transport, WorkersThatServeTlsRefuseGlooNamingTheFix) {
+// Refused at submit (it could never run, so it must not use up restarts at
+// run time); the workers refuse such a stage too, as a permanent error.
+TEST(Transport, ATlsClusterRefusesGlooAtSubmitNamingTheFix) {
   Cluster cluster(2);  // mutual TLS
   ASSERT_TRUE(cluster.ok());
-  const std::string id = cluster.Submit(cluster.WriteSpec(
-      "tls-gloo", WithTransport(ShortSpec("tls-gloo", "pipemare", 2, 640), "gloo") +
-                      "recovery: {max_restarts: 0}\n"));
-  ASSERT_FALSE(id.empty());
-  const v1::JobStatus end = cluster.WaitForEnd(id, 60);
-  EXPECT_EQ(end.state(), v1::FAILED) << cluster.Logs();
-  EXPECT_TRUE(absl::StrContains(end.reason(), "schedule.transport")) << end.reason();
-  EXPECT_TRUE(absl::StrContains(end.reason(), "--insecure")) << end.reason();
-  EXPECT_TRUE(absl::StrContains(end.reason(), "transport: grpc")) << end.reason();
+  auto submit = cluster.Ctl(
+      {"submit",
+       cluster.WriteSpec("tls-gloo",
+                         WithTransport(ShortSpec("tls-gloo", "pipemare", 2, 640), "gloo"))});
+  EXPECT_EQ(submit.exit_code, 2) << submit.out << submit.err;
+  EXPECT_TRUE(absl::StrContains(submit.err, "schedule.transport")) << submit.err;
+  EXPECT_TRUE(absl::StrContains(submit.err, "--insecure")) << submit.err;
+  EXPECT_TRUE(absl::StrContains(submit.err, "transport: grpc")) << submit.err;
+  EXPECT_EQ(cluster.Ctl({"list"}).out.find("job-"), std::string::npos) << "nothing was queued";
 }
 
 }  // namespace
