@@ -96,7 +96,7 @@ absl::StatusOr<ExportedModel> ExportModel(const std::string& step_dir, const Man
       return out;
     }
     std::istringstream in(torchscript);
-    torch::jit::Module module = torch::jit::load(in);
+    torch::jit::Module module = torch::jit::load(in, torch::Device(torch::kCPU));
     torch::NoGradGuard no_grad;
     int u = 0;
     for (const auto& child : module.children()) {

@@ -556,7 +556,7 @@ absl::StatusOr<torch::jit::Module> LoadScript(const std::string& bytes,
   torch::jit::Module module;
   try {
     std::istringstream in(bytes);
-    module = torch::jit::load(in);
+    module = torch::jit::load(in, torch::Device(torch::kCPU));  // map_location: CPU
   } catch (const std::exception& e) {
     return Bad("model.path", absl::StrCat(where, "is not a TorchScript file: ", TorchMessage(e)));
   }

@@ -1257,6 +1257,20 @@ TEST(StageRuntimeModelTest, ARestoredStageDrawsTheDropoutMasksTheCutWouldHave) {
   auto other = reseeded->ForwardLoss(3, x[2], y[2], true);
   ASSERT_TRUE(other.ok());
   EXPECT_NE(other->loss, next->loss);
+
+  // A cut taken on a GPU holds the CUDA generator's state, which a CPU
+  // generator cannot take: the CPU stage restores everything else and keeps
+  // its generator as seeded (before, the restore failed).
+  std::vector<UnitState> from_gpu = without;
+  for (auto& u : from_gpu) {
+    u.tensors.emplace_back("rng/cuda_state", torch::zeros({16}, torch::kUInt8));
+  }
+  auto on_cpu = MustCreate(a);
+  ASSERT_NE(on_cpu, nullptr);
+  const absl::Status restored_from_gpu = on_cpu->Restore(from_gpu, 2);
+  EXPECT_TRUE(restored_from_gpu.ok()) << restored_from_gpu;
+  EXPECT_EQ(RngKey(torch::Device(torch::kCPU)), "rng/state");
+  EXPECT_EQ(RngKey(torch::Device(torch::kCUDA, 0)), "rng/cuda_state");
 }
 
 TEST(StageRuntimeModelTest, TheBackwardReplaysTheForwardsDropoutMask) {
