@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pipemare's one entry point for a fresh Debian 12 machine.
-#   scripts/dev.sh example   install, build, train examples/mnist_pipemare.yaml
-#                            across local worker processes (pipemarectl local)
+#   scripts/dev.sh example   install and build only what it runs (the three binaries), train
+#                            examples/mnist_pipemare.yaml across local worker processes
+#                            (pipemarectl local)
 #   scripts/dev.sh test      install, build, run every test (ctest), then the sanitizer
 #                            build's tests and fuzz targets (sanitize)
 #   scripts/dev.sh sanitize  clang ASan+UBSan build of the LibTorch-free code (BUILD_DIR-sanitize):
@@ -26,17 +27,23 @@ jobs=${JOBS:-$(nproc)}
 # catatonit, the CNI plugins and dnsname), debootstrap and docker-compose
 # build and run the images for real (scripts/containers.sh, ctest label
 # containers); yamllint checks deploy/.
-packages=(cmake ninja-build g++ ccache pkg-config
+# What the three binaries need to build and run (the main job installs only these):
+run_packages=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  libtorch-dev libopenblas0-openmp prometheus-cpp-dev libgtest-dev libgmock-dev
+  libtorch-dev libopenblas0-openmp prometheus-cpp-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev
-  libcpp-httplib-dev zlib1g-dev libsqlite3-dev sqlite3 libgloo-dev
+  libcpp-httplib-dev zlib1g-dev libsqlite3-dev libgloo-dev)
+# and what the tests, benchmarks and the sanitizer build add:
+test_packages=(libgtest-dev libgmock-dev sqlite3
   prometheus dataset-fashion-mnist fortunes python3-torch python3-numpy
   clang libclang-rt-14-dev
   podman runc catatonit debootstrap docker-compose containernetworking-plugins
   golang-github-containernetworking-plugin-dnsname iptables curl yamllint)
 
+# deps [run]: installs what is missing of run_packages (and test_packages unless "run").
 deps() {
+  local packages=("${run_packages[@]}")
+  [ "${1:-}" = run ] || packages+=("${test_packages[@]}")
   local missing=()
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -54,8 +61,16 @@ deps() {
 }
 
 build() {
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPIPEMARE_BUILD_TESTS=ON >/dev/null
   cmake --build "$build" -j "$jobs"
+}
+
+# Only the three binaries the main job runs (no tests, benchmarks or their packages).
+build_binaries() {
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPIPEMARE_BUILD_TESTS=OFF >/dev/null
+  cmake --build "$build" -j "$jobs" --target pipemarectl pipemare-coordinator pipemare-worker
 }
 
 sanitize() {
@@ -71,7 +86,7 @@ case "${1:-}" in
   deps) deps ;;
   build) deps; build ;;
   example)
-    deps; build
+    deps run; build_binaries
     cd "$root"
     exec "$build/bin/pipemarectl" local examples/mnist_pipemare.yaml "${@:2}"
     ;;
