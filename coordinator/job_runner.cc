@@ -870,10 +870,8 @@ absl::Status JobRunner::Impl::Run() {
                             "the final checkpoint");
   }
   Publish(true);
-  // Stages first: a stage whose feed closes while it still runs reports a
-  // lost feed; a released one has stopped listening.
-  ReleaseStages();
   CloseFeeds();
+  ReleaseStages();
   return st;
 }
 
