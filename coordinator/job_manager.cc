@@ -1,6 +1,5 @@
 #include "coordinator/job_manager.h"
 
-#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -147,8 +146,6 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
       return st;
     }
   }
-  // The data files' headers and labels, and the model against them (the
-  // shape pass): refuse now, not when it runs.
   // What the run would refuse on its workers, refused now: a retry could
   // never help.
   if (options_.tls && spec.schedule().transport() == "gloo") {
@@ -157,25 +154,23 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
         "unauthenticated, and this cluster runs mutual TLS; use transport: grpc (encrypted), or "
         "run the coordinator and workers with --insecure on a network only they share");
   }
+  // The data files' headers and labels, and the model against them (the
+  // shape pass): refuse now, not when it runs.
   auto data = InspectData(spec.data());
   if (!data.ok()) return data.status();
   auto plan = PlanModel(spec, *data, options_.max_model_bytes);
   if (!plan.ok()) return plan.status();
-  const int64_t mbs = spec.schedule().microbatch_size();
-  const int N = spec.schedule().microbatches_per_step();
-  const int64_t steps_per_epoch = (data->train_count / mbs) / N;
+  const auto& sched = spec.schedule();
+  const int64_t steps_per_epoch = StepsPerEpoch(data->train_count, sched);
   if (steps_per_epoch < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data.train_limit: ", data->train_count, " training examples make no full step of ", N,
-        " microbatches of ", mbs, "; use more data or a smaller schedule.microbatch_size"));
+        "data.train_limit: ", data->train_count, " training examples make no full step of ",
+        sched.microbatches_per_step(), " microbatches of ", sched.microbatch_size(),
+        "; use more data or a smaller schedule.microbatch_size"));
   }
-  const auto& sched = spec.schedule();
-  const int64_t warmup_steps =
-      sched.warmup_steps() > 0
-          ? sched.warmup_steps()
-          : static_cast<int64_t>(std::llround(sched.warmup_epochs() * steps_per_epoch));
-  const bool never_async = sched.type() != "gpipe" && warmup_steps > 0 &&
-                           warmup_steps >= steps_per_epoch * spec.train().epochs();
+  const int64_t warmup_steps = WarmupSteps(sched, steps_per_epoch);
+  const bool never_async =
+      warmup_steps > 0 && warmup_steps >= steps_per_epoch * spec.train().epochs();
   std::string from_manifest;
   const std::string& source = from.empty() ? init_from : from;
   const std::string source_flag = from.empty() ? "init_from" : "from_checkpoint";

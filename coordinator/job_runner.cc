@@ -899,7 +899,7 @@ absl::StatusOr<std::vector<v1::StageAssignment>> JobRunner::Impl::PlanRun() {
                        data_.normalisation.empty() ? "" : "; normalised ", data_.normalisation));
   auto ranges = Partition(*plan);
   if (!ranges.ok()) return ranges.status();
-  steps_per_epoch_ = (data_.train.count / mbs) / N;
+  steps_per_epoch_ = StepsPerEpoch(data_.train.count, sched);
   if (steps_per_epoch_ < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.train_limit: ", data_.train.count, " training examples make no full step of ", N,

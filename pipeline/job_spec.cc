@@ -828,6 +828,23 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+namespace {
+// A length given in steps, or else in epochs of `steps_per_epoch`.
+int64_t InSteps(int64_t steps, double epochs, int64_t steps_per_epoch) {
+  return steps > 0 ? steps : static_cast<int64_t>(std::llround(epochs * steps_per_epoch));
+}
+}  // namespace
+
+int64_t StepsPerEpoch(int64_t train_examples, const v1::ScheduleSpec& schedule) {
+  if (schedule.microbatch_size() < 1 || schedule.microbatches_per_step() < 1) return 0;
+  return (train_examples / schedule.microbatch_size()) / schedule.microbatches_per_step();
+}
+
+int64_t WarmupSteps(const v1::ScheduleSpec& schedule, int64_t steps_per_epoch) {
+  if (schedule.type() == "gpipe") return 0;
+  return InSteps(schedule.warmup_steps(), schedule.warmup_epochs(), steps_per_epoch);
+}
+
 absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(
     const v1::JobSpec& spec, const std::string& job_id, int64_t steps_per_epoch,
     const std::vector<StageRange>* given) {
@@ -842,12 +859,9 @@ absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(
     return absl::InvalidArgumentError(
         absl::StrCat("partition: ", ranges->size(), " ranges for ", sched.stages(), " stages"));
   }
-  auto in_steps = [&](int64_t steps, double epochs) {
-    return steps > 0 ? steps : static_cast<int64_t>(std::llround(epochs * steps_per_epoch));
-  };
-  const int64_t anneal_steps = in_steps(sched.lr_anneal_steps(), sched.lr_anneal_epochs());
-  const int64_t warmup_steps =
-      sched.type() == "gpipe" ? 0 : in_steps(sched.warmup_steps(), sched.warmup_epochs());
+  const int64_t anneal_steps =
+      InSteps(sched.lr_anneal_steps(), sched.lr_anneal_epochs(), steps_per_epoch);
+  const int64_t warmup_steps = WarmupSteps(sched, steps_per_epoch);
   std::vector<v1::StageAssignment> out;
   for (int i = 0; i < sched.stages(); ++i) {
     v1::StageAssignment a;

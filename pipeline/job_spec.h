@@ -46,6 +46,13 @@ absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& optimizer);
 // optimizer and schedule, and the job's step counts resolved (total steps,
 // T1's K and T3's W in steps; gpipe has no warm-up). Stage i's
 // downstream_address is left empty.
+// Optimizer steps in one epoch of `train_examples`: whole steps of N
+// microbatches (0: the data make no full step).
+int64_t StepsPerEpoch(int64_t train_examples, const v1::ScheduleSpec& schedule);
+// T3's warm-up W in steps (warmup_steps, or warmup_epochs of
+// `steps_per_epoch`); 0 for gpipe, which is synchronous throughout.
+int64_t WarmupSteps(const v1::ScheduleSpec& schedule, int64_t steps_per_epoch);
+
 absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(
     const v1::JobSpec& spec, const std::string& job_id, int64_t steps_per_epoch,
     const std::vector<StageRange>* ranges = nullptr);
