@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/job_spec.h"
+#include "pipeline/torch_codec.h"
 
 namespace pipemare {
 
@@ -21,10 +22,10 @@ absl::StatusOr<std::unique_ptr<PipelineHarness>> PipelineHarness::Create(const v
       return absl::Status(runtime.status().code(),
                           absl::StrCat("stage ", a.stage(), ": ", runtime.status().message()));
     }
-    auto executor = StageExecutor::Create(a, runtime->get());
-    if (!executor.ok()) return executor.status();
+    auto machine = StageMachine::Create(a, runtime->get(), {});
+    if (!machine.ok()) return machine.status();
     h->runtimes_.push_back(std::move(*runtime));
-    h->executors_.push_back(std::move(*executor));
+    h->machines_.push_back(std::move(*machine));
   }
   h->assignments_ = std::move(*assignments);
   return h;
@@ -48,73 +49,93 @@ absl::StatusOr<std::vector<double>> PipelineHarness::TrainEpoch(
   const uint64_t base_id = next_id_;
   next_id_ += M;
   auto index_of = [&](uint64_t id) { return static_cast<size_t>(id - base_id); };
-  // The queues: activations stage i has received, in arrival order, and
-  // gradients by microbatch id.
-  std::vector<std::deque<std::pair<uint64_t, torch::Tensor>>> activations(P);
-  std::vector<std::map<uint64_t, torch::Tensor>> gradients(P);
+  // What crosses the wire between the stages (stage 0 takes its feed's).
+  const v1::DType peer_dtype =
+      WireDType(WireScalarType(a0.schedule().wire_dtype()).value_or(torch::kFloat32));
   std::vector<double> losses(M, 0);
-  std::vector<size_t> fed(P, 0);  // forwards each stage has run this epoch
+  std::vector<size_t> forwards(P, 0);  // training forwards each stage has run this epoch
+  size_t fed = 0;                      // microbatches fed to stage 0
   auto stage_error = [](int i, const absl::Status& st) {
     return absl::Status(st.code(), absl::StrCat("stage ", i, ": ", st.message()));
   };
+  // The last stage's targets go in just before their activation.
+  auto offer_targets = [&](uint64_t id) {
+    StageMachine::Input t;
+    t.kind = StageMachine::Kind::kTargets;
+    t.microbatch = id;
+    t.tensor = targets[index_of(id)];
+    return machines_.back()->Offer(std::move(t));
+  };
+  auto offer_activation = [&](int i, uint64_t id, torch::Tensor x, bool skipped) {
+    if (i + 1 == P) {
+      if (auto st = offer_targets(id); !st.ok()) return st;
+    }
+    StageMachine::Input in;
+    in.microbatch = id;
+    in.dtype = i > 0 ? peer_dtype : assignments_[0].token_input() ? v1::INT64 : v1::FLOAT32;
+    in.tensor = std::move(x);
+    in.skipped = skipped;
+    return machines_[i]->Offer(std::move(in));
+  };
   for (bool progress = true; progress;) {
     progress = false;
+    // Stage 0's feed: the next microbatch once it took the last one.
+    if (fed < M && forwards[0] == fed) {
+      if (auto st = offer_activation(0, base_id + fed, inputs[fed], false); !st.ok()) {
+        return stage_error(0, st);
+      }
+      ++fed;
+      progress = true;
+    }
     for (int i = 0; i < P; ++i) {
-      StageExecutor& ex = executors_[i];
-      for (;;) {
-        auto local = ex.RunLocal();
-        if (!local.ok()) return stage_error(i, local.status());
-        StageExecutor::Output out;
-        if (local->has_value()) {
-          out = std::move(**local);
-        } else {
-          const StageExecutor::Next next = ex.Peek();
-          if (next.action.op == Action::Op::kForward) {
-            if (fed[i] == M) break;  // the epoch is done here
-            uint64_t id;
-            torch::Tensor x;
-            if (i == 0) {
-              id = base_id + fed[0];
-              x = inputs[fed[0]];
-            } else {
-              if (activations[i].empty()) break;  // not received yet
-              std::tie(id, x) = std::move(activations[i].front());
-              activations[i].pop_front();
-            }
-            ++fed[i];
-            auto f = ex.Forward(id, x, i + 1 == P ? targets[index_of(id)] : torch::Tensor());
-            if (!f.ok()) return stage_error(i, f.status());
-            out = std::move(*f);
-          } else {
-            auto it = gradients[i].find(next.microbatch);
-            if (it == gradients[i].end()) break;  // not received yet
-            torch::Tensor grad = std::move(it->second);
-            gradients[i].erase(it);
-            auto b = ex.Backward(next.microbatch, grad);
-            if (!b.ok()) return stage_error(i, b.status());
-            out = std::move(*b);
-          }
-        }
+      absl::Status handed;  // a hand-off the next stage refused
+      auto emit = [&, i](const StageExecutor::Output& out, v1::Phase, bool skipped) {
         if (out.loss) losses[index_of(out.microbatch)] = out.loss->loss;
         if (out.snapshot) cuts_[out.snapshot->step].push_back(out.snapshot);
-        if (out.action.op == Action::Op::kForward && i + 1 < P) {
-          activations[i + 1].emplace_back(out.microbatch, out.tensor);
+        if (out.action.op == Action::Op::kForward) {
+          ++forwards[i];
+          if (i + 1 < P) {
+            handed = offer_activation(i + 1, out.microbatch, out.tensor, skipped);
+            if (!handed.ok()) handed = stage_error(i + 1, handed);
+          }
         }
         if (out.action.op == Action::Op::kBackward && i > 0) {
-          gradients[i - 1][out.microbatch] = out.tensor;
+          StageMachine::Input g;
+          g.kind = StageMachine::Kind::kGradient;
+          g.microbatch = out.microbatch;
+          g.dtype = peer_dtype;
+          g.tensor = out.tensor;
+          handed = machines_[i - 1]->Offer(std::move(g));
+          if (!handed.ok()) handed = stage_error(i - 1, handed);
         }
         if (after_action) after_action(out.action);
+        return handed.ok() ? absl::OkStatus() : absl::AbortedError("hand-off refused");
+      };
+      while (auto in = machines_[i]->Next(std::chrono::milliseconds(0))) {
+        if (auto st = machines_[i]->Run(std::move(*in), emit); !st.ok()) {
+          return handed.ok() ? stage_error(i, st) : handed;
+        }
         progress = true;
       }
     }
   }
   for (int i = 0; i < P; ++i) {
-    if (!executors_[i].between_epochs() || fed[i] != M) {
+    const StageExecutor& ex = machines_[i]->executor();
+    if (!ex.between_epochs() || forwards[i] != M) {
       return absl::InternalError(
-          absl::StrCat("stage ", i, " stalled at ", FormatAction(executors_[i].Peek().action)));
+          absl::StrCat("stage ", i, " stalled at ", FormatAction(ex.Peek().action)));
     }
   }
   return losses;
+}
+
+absl::Status PipelineHarness::RequestCut(int64_t step) {
+  for (int i = 0; i < stages(); ++i) {
+    if (auto st = machines_[i]->RequestCut(step); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("stage ", i, ": ", st.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::vector<UnitState> PipelineHarness::Cut(int64_t step) const {

@@ -1,8 +1,9 @@
 // An in-process pipeline: the P stages of a job, each a stage runtime run by
-// its stage executor (pipeline/stage_executor.h, the very code every worker
-// runs), connected by in-memory queues, in one thread and
-// deterministically. No sockets, no threads: for exactness tests and for
-// reasoning about a schedule with real tensors.
+// its stage machine (pipeline/stage_machine.h, the very code every worker
+// runs: arrival checks, matching, train.on_nonfinite, cuts), connected by
+// in-memory hand-offs, in one thread and deterministically. No sockets, no
+// threads: for exactness tests and for reasoning about a schedule with real
+// tensors.
 #ifndef PIPEMARE_PIPELINE_HARNESS_H_
 #define PIPEMARE_PIPELINE_HARNESS_H_
 
@@ -15,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/schedule.h"
-#include "pipeline/stage_executor.h"
+#include "pipeline/stage_machine.h"
 #include "pipeline/stage_runtime.h"
 #include "pipemare/v1/pipemare.pb.h"
 
@@ -38,6 +39,10 @@ class PipelineHarness {
       const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,
       const std::function<void(const Action&)>& after_action = nullptr);
 
+  // Asks every stage for a cut at the end of step `step` (the coordinator's
+  // drain): taken by the U that applies it, as the workers take it.
+  absl::Status RequestCut(int64_t step);
+
   int stages() const { return static_cast<int>(runtimes_.size()); }
   StageRuntime& stage(int i) { return *runtimes_[i]; }
 
@@ -51,7 +56,7 @@ class PipelineHarness {
 
   std::vector<v1::StageAssignment> assignments_;
   std::vector<std::unique_ptr<StageRuntime>> runtimes_;
-  std::vector<StageExecutor> executors_;                                       // one per runtime
+  std::vector<std::unique_ptr<StageMachine>> machines_;                        // one per runtime
   std::map<int64_t, std::vector<std::shared_ptr<const StageSnapshot>>> cuts_;  // by step
   uint64_t next_id_ = 1;  // microbatch ids, unique across epochs
 };

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
+#include <set>
 #include <string>
 
 #include "pipeline/harness.h"
@@ -67,9 +69,12 @@ void Load(torch::nn::Sequential& module, const std::vector<torch::Tensor>& w) {
   for (size_t j = 0; j < params.size(); ++j) params[j].copy_(w[j]);
 }
 
+// `skipped`: microbatches (1-based) dropped by train.on_nonfinite: skip,
+// whose backward teaches no stage anything.
 std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t steps,
                                                const std::vector<torch::Tensor>& inputs,
-                                               const std::vector<torch::Tensor>& targets) {
+                                               const std::vector<torch::Tensor>& targets,
+                                               const std::set<int64_t>& skipped = {}) {
   const auto& s = spec.schedule();
   const std::string type = s.type();
   const int P = s.stages();
@@ -141,7 +146,7 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
       x[i + 1] = stages[i].module->forward(x[i]);
     }
     torch::Tensor g;
-    for (int i = P - 1; i >= 0; --i) {
+    for (int i = skipped.count(m) ? -1 : P - 1; i >= 0; --i) {
       ReplayStage& st = stages[i];
       std::vector<torch::Tensor> u = st.versions[now];
       if (!sync && type == "pipedream") u = forward_weights[i];
@@ -457,13 +462,19 @@ struct Resumed {
   std::vector<double> uninterrupted, resumed;  // losses of microbatches k·N+1..M
   std::vector<torch::Tensor> weights_uninterrupted, weights_resumed;
 };
-Resumed ResumeAt(v1::JobSpec spec, int64_t k, int resumed_stages) {
+// `requested`: the cut is the coordinator's (a drain's CutAt through the
+// stage machines) instead of checkpoint.every_steps.
+Resumed ResumeAt(v1::JobSpec spec, int64_t k, int resumed_stages, bool requested = false) {
   Resumed r;
-  spec.mutable_checkpoint()->set_every_steps(k);
+  if (!requested) spec.mutable_checkpoint()->set_every_steps(k);
   const int64_t N = spec.schedule().microbatches_per_step();
   const Data d = MakeData(kSteps * N);
   auto whole = PipelineHarness::Create(spec, kSteps, torch::kFloat64);
   EXPECT_TRUE(whole.ok()) << whole.status();
+  if (requested) {
+    auto st = (*whole)->RequestCut(k);
+    EXPECT_TRUE(st.ok()) << st;
+  }
   auto losses = (*whole)->TrainEpoch(d.inputs, d.targets);
   EXPECT_TRUE(losses.ok()) << losses.status();
   const std::vector<UnitState> cut = (*whole)->Cut(k);
@@ -497,6 +508,53 @@ TEST(ResumeTest, GPipeResumedFromACutIsBitIdenticalToTheUninterruptedRun) {
       EXPECT_TRUE(torch::equal(r.weights_resumed[j], r.weights_uninterrupted[j])) << "tensor " << j;
     }
     EXPECT_EQ(r.resumed, r.uninterrupted);
+  }
+}
+
+TEST(ResumeTest, ACutAskedOfTheStageMachinesIsTakenAtItsStepAndResumesBitIdentically) {
+  Resumed r = ResumeAt(Spec("gpipe", 3, 2), 7, 3, /*requested=*/true);
+  ASSERT_EQ(r.weights_resumed.size(), r.weights_uninterrupted.size());
+  for (size_t j = 0; j < r.weights_resumed.size(); ++j) {
+    EXPECT_TRUE(torch::equal(r.weights_resumed[j], r.weights_uninterrupted[j])) << "tensor " << j;
+  }
+  EXPECT_EQ(r.resumed, r.uninterrupted);
+}
+
+TEST(ExactnessTest, ASkippedMicrobatchTeachesNoStageAndTheRestEqualsTheReplay) {
+  // train.on_nonfinite: skip, through the stage machines: a NaN in
+  // microbatch 5's input is caught at stage 0, which drops it and passes
+  // zeros on flagged; every stage's backward of it then teaches nothing.
+  for (const char* type : {"gpipe", "pipemare"}) {
+    SCOPED_TRACE(type);
+    v1::JobSpec spec = Spec(type, 3, 2);
+    spec.mutable_train()->set_on_nonfinite("skip");
+    Data d = MakeData(kSteps * 2);
+    d.inputs[4] = d.inputs[4].clone();
+    d.inputs[4][1][2] = std::numeric_limits<double>::quiet_NaN();
+    auto h = PipelineHarness::Create(spec, kSteps, torch::kFloat64);
+    ASSERT_TRUE(h.ok()) << h.status();
+    auto losses = (*h)->TrainEpoch(d.inputs, d.targets);
+    ASSERT_TRUE(losses.ok()) << losses.status();
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ((*h)->stage(i).Stats().steps, kSteps);
+    }
+    const auto after = Flatten(HarnessWeights(**h));
+    for (const auto& w : after) ASSERT_TRUE(torch::isfinite(w).all().item<bool>());
+    ExpectClose(after, Flatten(Replay(spec, kSteps, d.inputs, d.targets, {5})));
+    // Not a run that learned from it as zeros (zeros in, a real gradient out).
+    std::vector<torch::Tensor> zeroed = d.inputs;
+    zeroed[4] = torch::zeros_like(zeroed[4]);
+    const auto learned = Flatten(Replay(spec, kSteps, zeroed, d.targets));
+    EXPECT_GT((after[0] - learned[0]).abs().max().item<double>(), 0);
+    // Under fail the same input stops the epoch, naming microbatch and step.
+    spec.mutable_train()->set_on_nonfinite("fail");
+    auto strict = PipelineHarness::Create(spec, kSteps, torch::kFloat64);
+    ASSERT_TRUE(strict.ok()) << strict.status();
+    auto failed = (*strict)->TrainEpoch(d.inputs, d.targets);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_EQ(failed.status().code(), absl::StatusCode::kFailedPrecondition) << failed.status();
+    EXPECT_THAT(std::string(failed.status().message()),
+                ::testing::HasSubstr("NaN or Inf in the activation of microbatch 5"));
   }
 }
 
