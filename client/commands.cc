@@ -9,6 +9,7 @@
 #include "common/rpc.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/job_spec.h"
+#include "pipeline/schedule.h"
 
 namespace pipemare::client {
 namespace {
@@ -108,7 +109,7 @@ absl::StatusOr<v1::JobSpec> LoadValidSpec(const std::string& path) {
     return status;
   }
   const auto& schedule = spec->schedule();
-  if (schedule.type() != "gpipe" && spec->train().epochs() > 0 &&
+  if (IsAsynchronous(ScheduleKindOf(schedule)) && spec->train().epochs() > 0 &&
       schedule.warmup_epochs() >= spec->train().epochs()) {
     std::fprintf(stderr,
                  "warning: schedule.warmup_epochs %g covers all %d of train.epochs: this job "

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
+#include "pipeline/schedule.h"
 
 namespace pipemare::client {
 namespace {
@@ -266,7 +267,7 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
   summary.AddRow({"REASON", OrDash(job.reason())});
   std::string schedule = OrDash(job.schedule());
   const auto& spec_schedule = job.spec().schedule();
-  if (spec_schedule.type() != "gpipe" &&
+  if (IsAsynchronous(ScheduleKindOf(spec_schedule)) &&
       (spec_schedule.warmup_steps() > 0 || spec_schedule.warmup_epochs() > 0)) {
     const int64_t switched = job.stages_size() ? job.stages(0).async_from_step() : -1;
     schedule += switched >= 0 ? Format(" (synchronous warm-up, asynchronous from step %lld)",

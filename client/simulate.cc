@@ -24,12 +24,12 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
   const int64_t warmup =
       s.warmup_steps() > 0 ? s.warmup_steps()
                            : static_cast<int64_t>(std::llround(s.warmup_epochs() * options.steps));
-  PlanOptions plan_options{s.type(),      s.stages(), s.microbatches_per_step(),
-                           options.steps, 0,          warmup};
+  const ScheduleKind kind = ScheduleKindOf(s);
+  PlanOptions plan_options{kind, s.stages(), s.microbatches_per_step(), options.steps, 0, warmup};
   auto plan = BuildPlan(plan_options);
   if (!plan.ok()) return plan.status();
   if (auto st = ValidatePlan(*plan); !st.ok()) return st;
-  plan_options.schedule = "gpipe";
+  plan_options.schedule = ScheduleKind::kGPipe;
   auto gpipe = BuildPlan(plan_options);
   if (!gpipe.ok()) return gpipe.status();
 
@@ -39,16 +39,16 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
   // With a synchronous warm-up, the asynchronous phase that follows it on
   // its own (the warm-up itself runs as gpipe does).
   std::optional<Prediction> after_warmup;
-  if (s.type() != "gpipe" && warmup > 0) {
+  if (IsAsynchronous(kind) && warmup > 0) {
     PlanOptions async_options = plan_options;
-    async_options.schedule = s.type();
+    async_options.schedule = kind;
     async_options.warmup_steps = 0;
     auto async_plan = BuildPlan(async_options);
     if (!async_plan.ok()) return async_plan.status();
     after_warmup = PredictPlan(*async_plan, 1, options.backward_cost);
   }
   if (options.json) {
-    nlohmann::json j = {{"schedule", s.type()},
+    nlohmann::json j = {{"schedule", ScheduleName(kind)},
                         {"stages", P},
                         {"microbatches_per_step", N},
                         {"steps", options.steps},
@@ -72,8 +72,8 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
     return j.dump(2) + "\n";
   }
   std::string out = Format("plan: %s, P=%d stages, N=%d microbatches per step, %lld steps",
-                           s.type().c_str(), P, N, static_cast<long long>(options.steps));
-  if (s.type() != "gpipe" && warmup > 0) {
+                           ScheduleName(kind), P, N, static_cast<long long>(options.steps));
+  if (IsAsynchronous(kind) && warmup > 0) {
     absl::StrAppend(&out, ", synchronous warm-up for the first ", warmup, " steps");
   }
   absl::StrAppend(&out, "\n\n", FormatPlan(*plan, options.show), "\n");
@@ -85,7 +85,7 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
                   Format("%.1f%%", 100 * st.utilization)});
   }
   absl::StrAppend(&out, table.Render());
-  if (s.type() != "gpipe") {
+  if (IsAsynchronous(kind)) {
     // schedule.microbatches_per_step trades delay against update frequency:
     // τ_i = ceil((P-1-i)/N), and an epoch has 1/N as many steps.
     absl::StrAppend(&out, "\nTAU by N (delay in steps; an epoch has 1/N as many steps):");

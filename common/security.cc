@@ -324,11 +324,45 @@ absl::StatusOr<std::vector<TokenEntry>> LoadTokens(const std::string& path) {
   return tokens;
 }
 
+namespace {
+
+// The holder of bearer token `header` ("Bearer <token>") among `tokens`, or
+// null. Every entry is compared, in constant time.
+const TokenEntry* MatchBearer(const std::vector<TokenEntry>& tokens, absl::string_view header) {
+  constexpr absl::string_view kBearer = "Bearer ";
+  if (!absl::StartsWith(header, kBearer)) return nullptr;
+  const std::string token(header.substr(kBearer.size()));
+  const TokenEntry* match = nullptr;
+  for (const TokenEntry& entry : tokens) {  // all compared, none skipped
+    if (ConstantTimeEquals(entry.token, token)) match = &entry;
+  }
+  return match;
+}
+
+// The tokens of this process's access policies, for CallerName. The
+// policy cannot hand a call its caller through the auth context: that
+// context is the connection's, shared by every call on it (gRPC's server
+// auth filter), so adding to it per call raced between concurrent calls
+// and crashed the coordinator under 1000 concurrent watches.
+struct KnownTokens {
+  std::mutex mu;
+  std::vector<TokenEntry> tokens;
+};
+KnownTokens& Known() {
+  static KnownTokens* known = new KnownTokens;
+  return *known;
+}
+
+}  // namespace
+
 AccessPolicy::AccessPolicy(std::map<std::string, unsigned> rules, std::vector<TokenEntry> tokens)
-    : rules_(std::move(rules)), tokens_(std::move(tokens)) {}
+    : rules_(std::move(rules)), tokens_(std::move(tokens)) {
+  std::lock_guard<std::mutex> lock(Known().mu);
+  Known().tokens.insert(Known().tokens.end(), tokens_.begin(), tokens_.end());
+}
 
 grpc::Status AccessPolicy::Process(const InputMetadata& metadata, grpc::AuthContext* context,
-                                   OutputMetadata* consumed, OutputMetadata* /*response*/) {
+                                   OutputMetadata* /*consumed*/, OutputMetadata* /*response*/) {
   std::string method;
   if (auto path = metadata.find(":path"); path != metadata.end()) {
     method.assign(path->second.data(), path->second.size());
@@ -348,15 +382,8 @@ grpc::Status AccessPolicy::Process(const InputMetadata& metadata, grpc::AuthCont
   }
   // A server without tokens (a worker) grants nothing for one, and ignores it.
   if (auto auth = metadata.find("authorization"); auth != metadata.end() && !tokens_.empty()) {
-    const std::string value(auth->second.data(), auth->second.size());
-    constexpr char kBearer[] = "Bearer ";
-    const TokenEntry* match = nullptr;
-    if (value.rfind(kBearer, 0) == 0) {
-      const std::string token = value.substr(sizeof(kBearer) - 1);
-      for (const TokenEntry& entry : tokens_) {  // all compared, none skipped
-        if (ConstantTimeEquals(entry.token, token)) match = &entry;
-      }
-    }
+    const TokenEntry* match =
+        MatchBearer(tokens_, absl::string_view(auth->second.data(), auth->second.size()));
     if (match == nullptr) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           "the bearer token is not one this coordinator accepts (check "
@@ -364,8 +391,6 @@ grpc::Status AccessPolicy::Process(const InputMetadata& metadata, grpc::AuthCont
     }
     granted |= match->role == "submit" ? (kReader | kSubmitter) : kReader;
     caller = match->name;
-    consumed->insert(std::make_pair(std::string(auth->first.data(), auth->first.size()),
-                                    std::string(auth->second.data(), auth->second.size())));
   }
   if ((granted & rule->second) == 0) {
     if (granted == 0) {
@@ -378,15 +403,23 @@ grpc::Status AccessPolicy::Process(const InputMetadata& metadata, grpc::AuthCont
         grpc::StatusCode::PERMISSION_DENIED,
         absl::StrCat(caller, " may not call ", method, ": it needs ", RoleNeeded(rule->second)));
   }
-  context->AddProperty(kCallerProperty, caller);
   return grpc::Status::OK;
 }
 
-std::string CallerName(const grpc::ServerContext& context) {
-  auto auth = context.auth_context();
-  if (auth) {
-    auto values = auth->FindPropertyValues(kCallerProperty);
-    if (!values.empty()) return std::string(values.front().data(), values.front().size());
+std::string CallerName(const grpc::ServerContextBase& context) {
+  // As Process found it: the token's holder, else the certificate's name.
+  const auto& metadata = context.client_metadata();
+  if (auto auth = metadata.find("authorization"); auth != metadata.end()) {
+    std::lock_guard<std::mutex> lock(Known().mu);
+    if (const TokenEntry* match = MatchBearer(
+            Known().tokens, absl::string_view(auth->second.data(), auth->second.size()))) {
+      return match->name;
+    }
+  }
+  if (auto auth = context.auth_context()) {
+    for (const auto& name : auth->FindPropertyValues("x509_common_name")) {
+      return std::string(name.data(), name.size());
+    }
   }
   return "anonymous";
 }

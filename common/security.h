@@ -106,26 +106,25 @@ enum Caller : unsigned {
 // (a method not in `rules` is refused), establishes the caller from its
 // certificate and its bearer token, and refuses with UNAUTHENTICATED (no
 // valid credential) or PERMISSION_DENIED (a valid one without the rule's
-// role). A server with no tokens (a worker) ignores one. The token is consumed (handlers never see
-// it) and compared in constant time. A passing call carries the caller's name as the auth context's
-// kCallerProperty (CallerName()).
+// role). A server with no tokens (a worker) ignores one. Tokens are compared in constant time;
+// handlers learn the caller's name from CallerName(), never the token. Nothing is added to the
+// auth context: gRPC shares it between every call of a connection.
 class AccessPolicy : public grpc::AuthMetadataProcessor {
  public:
   AccessPolicy(std::map<std::string, unsigned> rules, std::vector<TokenEntry> tokens);
   bool IsBlocking() const override { return false; }
   grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
-                       OutputMetadata* consumed, OutputMetadata* response) override;
+                       OutputMetadata* /*consumed*/, OutputMetadata* /*response*/) override;
 
  private:
   std::map<std::string, unsigned> rules_;
   std::vector<TokenEntry> tokens_;
 };
 
-inline constexpr char kCallerProperty[] = "pipemare_caller";
-
-// The caller of a call that passed an AccessPolicy ("anonymous" on a
-// plaintext server).
-std::string CallerName(const grpc::ServerContext& context);
+// The caller of a call that passed an AccessPolicy: its bearer token's
+// holder, else its certificate's common name ("anonymous" on a plaintext
+// server).
+std::string CallerName(const grpc::ServerContextBase& context);
 
 // Whether a certificate's subject alternative name `name` covers `host`:
 // equal (DNS names compared without case), or a wildcard `*.rest` that

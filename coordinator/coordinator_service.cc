@@ -93,24 +93,6 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::Cance
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
-                                          const v1::WatchJobRequest* req,
-                                          grpc::ServerWriter<v1::JobEvent>* writer) {
-  uint64_t version = 0;
-  while (!context->IsCancelled()) {
-    const uint64_t before = version;
-    auto job = store_->WaitForChange(req->id(), &version, std::chrono::milliseconds(1000));
-    if (!job.ok()) return ToGrpc(job.status());
-    if (version != before) {
-      v1::JobEvent event;
-      *event.mutable_job() = *job;
-      if (!writer->Write(event)) return grpc::Status::OK;  // the watcher went away
-    }
-    if (IsTerminal(job->state())) return grpc::Status::OK;
-  }
-  return grpc::Status::OK;
-}
-
 grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
                                              v1::ListWorkersResponse* resp) {
   for (auto& w : registry_->List()) *resp->add_workers() = std::move(w);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "coordinator/job_manager.h"
+#include "coordinator/watch_hub.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
 
 namespace pipemare {
@@ -15,14 +16,21 @@ namespace pipemare {
 // tokens, workers with their certificates.
 std::map<std::string, unsigned> CoordinatorAccessRules();
 
-class CoordinatorService final : public v1::Coordinator::Service {
+// WatchJob runs on gRPC's callback API (coordinator/watch_hub.h: no thread
+// per watcher); every other method is synchronous.
+class CoordinatorService final
+    : public v1::Coordinator::WithCallbackMethod_WatchJob<v1::Coordinator::Service> {
  public:
+  // Watches are bounded per caller: --max-watches-per-caller.
+  static constexpr size_t kDefaultMaxWatchesPerCaller = 2048;
   CoordinatorService(JobStore* store, WorkerRegistry* registry, JobManager* manager,
-                     int64_t heartbeat_interval_ms)
+                     int64_t heartbeat_interval_ms,
+                     size_t max_watches_per_caller = kDefaultMaxWatchesPerCaller)
       : store_(store),
         registry_(registry),
         manager_(manager),
-        heartbeat_interval_ms_(heartbeat_interval_ms) {}
+        heartbeat_interval_ms_(heartbeat_interval_ms),
+        watches_(store, max_watches_per_caller) {}
 
   // Largest SubmitJob request accepted (--max-spec-bytes).
   void set_max_spec_bytes(size_t bytes) { max_spec_bytes_ = bytes; }
@@ -34,8 +42,13 @@ class CoordinatorService final : public v1::Coordinator::Service {
                         v1::ListJobsResponse*) override;
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*,
                          v1::JobStatus*) override;
-  grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*,
-                        grpc::ServerWriter<v1::JobEvent>*) override;
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* context,
+                                                   const v1::WatchJobRequest* request) override {
+    return watches_.Watch(context, request);
+  }
+  // Ends every open watch (UNAVAILABLE: the client reconnects); before the
+  // server shuts down.
+  void StopWatches() { watches_.Stop(); }
   grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
                            v1::ListWorkersResponse*) override;
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
@@ -55,6 +68,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   JobManager* const manager_;
   const int64_t heartbeat_interval_ms_;
   size_t max_spec_bytes_ = 1 << 20;
+  WatchHub watches_;
 };
 
 }  // namespace pipemare

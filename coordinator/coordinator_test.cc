@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -13,10 +15,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/cut_committer.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_store.h"
+#include "coordinator/run_results.h"
 #include "coordinator/worker_registry.h"
 #include "google/protobuf/util/json_util.h"
+#include "pipeline/checkpoint.h"
 
 namespace pipemare {
 namespace {
@@ -539,6 +544,121 @@ TEST_F(JobManagerTest, ACancelDrainsFirstAndASecondOneStopsTheRunAtOnce) {
   EXPECT_EQ(store.Get(id)->state(), v1::RUNNING);
   ASSERT_TRUE(manager.Cancel(id).ok());
   EXPECT_EQ(WaitForState(store, id, v1::CANCELLED).state(), v1::CANCELLED);
+}
+
+// The committer against two stages whose reports the test writes: it
+// commits only a cut every stage of this run has written, newest first, and
+// refuses what recovery cannot fix.
+TEST(CutCommitterTest, CommitsTheNewestCutEveryStageOfThisRunWroteAndNamesTheDirWhenItCannot) {
+  std::string dir = "/tmp/pipemare-committer-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  JobStore store;
+  v1::JobSpec spec;
+  spec.set_name("cuts");
+  const std::string job = store.Create(spec).id();
+  CutCommitter::Run run;
+  run.job_id = job;
+  run.generation = 2;
+  run.dir = dir;
+  run.keep = 3;
+  run.steps_per_epoch = 10;
+  run.microbatches_per_step = 2;
+  run.microbatch_size = 4;
+  run.ranges = {{0, 1}, {1, 1}};
+  // What each stage reports: its newest cut, the cuts it holds, an error.
+  std::mutex mu;
+  v1::StageStatusResponse reports[2];
+  int64_t told = -1;  // the committed step the stages last heard
+  auto written = [&](int unit, int64_t step, int64_t generation) {
+    const std::string step_dir = CheckpointStepDir(dir, job, step);
+    std::filesystem::create_directories(step_dir);
+    const std::string name = absl::StrCat("unit-", unit, ".pt"), bytes = absl::StrCat("u", unit);
+    std::ofstream(step_dir + "/" + name) << bytes;
+    v1::CheckpointWritten w;
+    w.set_step(step);
+    w.set_generation(generation);
+    auto* f = w.add_files();
+    f->set_unit(unit);
+    f->set_path(name);
+    f->set_bytes(static_cast<int64_t>(bytes.size()));
+    f->set_sha256(Sha256Hex(bytes));
+    return w;
+  };
+  CutCommitter committer(
+      run,
+      [&](int i, int64_t committed, v1::StageStatusResponse* resp) {
+        std::lock_guard<std::mutex> lock(mu);
+        told = committed;
+        *resp = reports[i];
+        return grpc::Status::OK;
+      },
+      [](int i) { return absl::StrCat("stage ", i); }, &store);
+  *reports[0].mutable_checkpoint() = written(0, 5, 2);
+  *reports[1].mutable_checkpoint() = written(1, 3, 2);
+  ASSERT_TRUE(committer.Poll().ok());
+  EXPECT_EQ(committer.committed_step(), 0);  // no cut both wrote yet
+  // Stage 1 catches up; stage 0 moved on but still holds 5. A cut of
+  // another run (generation 1) is never this run's to commit.
+  *reports[0].mutable_checkpoint() = written(0, 7, 1);
+  *reports[0].add_held() = written(0, 5, 2);
+  *reports[1].mutable_checkpoint() = written(1, 5, 2);
+  ASSERT_TRUE(committer.Poll().ok());
+  EXPECT_EQ(committer.committed_step(), 5);
+  EXPECT_EQ(told, 5);  // told at once, not at the next poll
+  auto status = store.Get(job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->checkpoint().step(), 5);
+  EXPECT_EQ(status->checkpoint().committed(), 1);
+  EXPECT_TRUE(std::filesystem::exists(CheckpointStepDir(dir, job, 5) + "/manifest.json"));
+  // Waiting for a cut no stage writes ends, naming the directory.
+  std::atomic<bool> cancel{false};
+  absl::Status late = committer.CommitAt(9, 0.2, "the final checkpoint", cancel);
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_THAT(std::string(late.message()), ::testing::HasSubstr(dir));
+  // A stage that cannot write: the operator's to fix, not recovery's.
+  reports[1].mutable_checkpoint()->set_error("disk full");
+  absl::Status refused = committer.Poll();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::AllOf(::testing::HasSubstr("stage 1"), ::testing::HasSubstr("disk full"),
+                               ::testing::HasSubstr("checkpoint.dir")));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RunResultsTest, TrainingLossIsPerWindowAndEpochAndEvaluationIsOverPredictions) {
+  RunResults r;
+  EXPECT_TRUE(std::isnan(r.TakeWindowLoss()));
+  r.StartEpoch();
+  v1::MicrobatchResult a, b;
+  a.set_loss(1.0);
+  a.set_count(4);
+  b.set_loss(3.0);
+  b.set_count(4);
+  r.AddTraining(a);
+  r.AddTraining(b);
+  EXPECT_DOUBLE_EQ(r.TakeWindowLoss(), 2.0);
+  EXPECT_DOUBLE_EQ(r.TakeWindowLoss(), 2.0);  // no results since: the last one stands
+  EXPECT_EQ(r.samples_trained(), 8);
+  EXPECT_DOUBLE_EQ(r.epoch_train_loss(), 2.0);
+  // A language model's evaluation: losses weigh by tokens, not examples.
+  r.StartEvaluation();
+  v1::MicrobatchResult e1, e2;
+  e1.set_loss(1.0);
+  e1.set_count(1);
+  e1.set_predictions(30);
+  e1.set_correct(15);
+  e2.set_loss(2.0);
+  e2.set_count(1);
+  e2.set_predictions(10);
+  e2.set_correct(5);
+  r.AddEvaluation(e1);
+  r.AddEvaluation(e2);
+  const RunResults::Evaluation eval = r.Evaluated(/*language_model=*/true);
+  EXPECT_DOUBLE_EQ(eval.loss, 50.0 / 40);
+  EXPECT_DOUBLE_EQ(eval.accuracy, 0.5);
+  EXPECT_DOUBLE_EQ(eval.perplexity, std::exp(50.0 / 40));
+  r.StartEpoch();
+  EXPECT_EQ(r.epoch_train_loss(), 0);
 }
 
 }  // namespace

@@ -291,6 +291,7 @@ v1::JobStatus JobStore::Create(const v1::JobSpec& spec) {
   s.set_submitted_unix_ms(NowUnixMs());
   jobs_[s.id()] = Entry{s, 1};
   Persist(s);
+  ++changes_;
   cv_.notify_all();
   return s;
 }
@@ -342,6 +343,7 @@ absl::Status JobStore::UpdateState(const std::string& id, v1::JobState state,
   if (state == v1::PENDING) s.set_finished_unix_ms(0);  // resumed
   ++it->second.version;
   Persist(s);
+  ++changes_;
   cv_.notify_all();
   return absl::OkStatus();
 }
@@ -356,8 +358,37 @@ absl::Status JobStore::Update(const std::string& id,
   it->second.status.set_state(state);
   ++it->second.version;
   Persist(it->second.status);
+  ++changes_;
   cv_.notify_all();
   return absl::OkStatus();
+}
+
+absl::Status JobStore::UpdateProgress(
+    const std::string& id, const std::function<void(v1::JobProgress&, v1::JobMetrics&)>& fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  v1::JobStatus& s = it->second.status;
+  fn(*s.mutable_progress(), *s.mutable_metrics());
+  ++it->second.version;
+  ++changes_;
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+uint64_t JobStore::VersionIfNewer(const std::string& id, uint64_t known,
+                                  v1::JobStatus* status) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return 0;
+  if (it->second.version > known) *status = it->second.status;
+  return it->second.version;
+}
+
+uint64_t JobStore::WaitForAnyChange(uint64_t seen, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return changes_ != seen; });
+  return changes_;
 }
 
 absl::StatusOr<v1::JobStatus> JobStore::WaitForChange(const std::string& id, uint64_t* version,

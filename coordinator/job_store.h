@@ -61,13 +61,25 @@ class JobStore {
   // Moves a job along its lifecycle; refuses a move CanMove does not allow
   // (FAILED_PRECONDITION). Stamps start/finish times.
   absl::Status UpdateState(const std::string& id, v1::JobState state, const std::string& reason);
-  // Changes anything but the state (progress, metrics, stages).
+  // Changes anything but the state (progress, metrics, stages), durably.
   absl::Status Update(const std::string& id, const std::function<void(v1::JobStatus&)>& fn);
+  // Changes a running job's progress and live metrics only, in memory:
+  // watchers see it at once and nothing waits on the disk (a runner
+  // publishes every 250 ms). It reaches the disk with the job's next durable
+  // change; after a crash the resumed run publishes it again.
+  absl::Status UpdateProgress(const std::string& id,
+                              const std::function<void(v1::JobProgress&, v1::JobMetrics&)>& fn);
 
   // Blocks until job `id`'s version differs from `*version` or `timeout`
   // passes; then sets *version and returns the status.
   absl::StatusOr<v1::JobStatus> WaitForChange(const std::string& id, uint64_t* version,
                                               std::chrono::milliseconds timeout) const;
+  // Job `id`'s version (0: no such job), and its status when that is newer
+  // than `known` (nothing is copied otherwise).
+  uint64_t VersionIfNewer(const std::string& id, uint64_t known, v1::JobStatus* status) const;
+  // Blocks until any job changed since the store's change count was
+  // `seen`, or `timeout` passes; returns the change count now.
+  uint64_t WaitForAnyChange(uint64_t seen, std::chrono::milliseconds timeout) const;
 
   // The worker registry's durable part (WorkerRegistry::Persist/Restore):
   // one row per worker id in the same database, written in one transaction.
@@ -92,6 +104,7 @@ class JobStore {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::map<std::string, Entry> jobs_;  // GUARDED_BY(mu_)
+  uint64_t changes_ = 0;               // every job's changes; GUARDED_BY(mu_)
   int64_t next_id_ = 1;
 };
 

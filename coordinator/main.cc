@@ -88,6 +88,13 @@ int main(int argc, char** argv) {
       ->envname("PIPEMARE_MAX_QUEUED_JOBS")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  size_t max_watches_per_caller = pipemare::CoordinatorService::kDefaultMaxWatchesPerCaller;
+  app.add_option("--max-watches-per-caller", max_watches_per_caller,
+                 "WatchJob streams (pipemarectl watch, submit --wait) one caller may hold open at "
+                 "once; each holds no thread")
+      ->envname("PIPEMARE_MAX_WATCHES_PER_CALLER")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   int64_t max_model_bytes = pipemare::kDefaultMaxModelBytes;
   app.add_option("--max-model-bytes", max_model_bytes,
                  "float32 parameter bytes one job's model may take; each unit is checked by "
@@ -186,7 +193,8 @@ int main(int argc, char** argv) {
   options.checkpoint_dir = std::filesystem::absolute(options.checkpoint_dir).string();
   auto manager = std::make_unique<pipemare::JobManager>(store.get(), &registry, options);
   pipemare::CoordinatorService service(store.get(), &registry, manager.get(),
-                                       static_cast<int64_t>(heartbeat_interval * 1000));
+                                       static_cast<int64_t>(heartbeat_interval * 1000),
+                                       max_watches_per_caller);
   service.set_max_spec_bytes(max_spec_bytes);
   auto metrics = std::make_shared<pipemare::CoordinatorMetrics>(store.get(), &registry);
   std::unique_ptr<pipemare::MetricsServer> metrics_server;
@@ -240,7 +248,8 @@ int main(int argc, char** argv) {
   }
   pipemare::LogInfo("pipemare-coordinator stopping: draining running jobs");
   if (health) health->Ready(false);
-  manager.reset();  // drains running jobs (a cut each), releases their workers
+  manager.reset();        // drains running jobs (a cut each), releases their workers
+  service.StopWatches();  // after the drain: watchers see how the jobs ended
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

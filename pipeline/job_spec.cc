@@ -17,6 +17,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
 #include "pipeline/partition.h"
+#include "pipeline/schedule.h"
 
 namespace pipemare {
 namespace {
@@ -671,9 +672,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (auto st = ValidateOptimizerSpec(spec.optimizer()); !st.ok()) return st;
   // schedule
   const auto& s = spec.schedule();
-  if (auto st = OneOf("schedule.type", s.type(), {"pipemare", "gpipe", "pipedream", "async"});
-      !st.ok())
-    return st;
+  if (auto kind = ParseScheduleKind(s.type()); !kind.ok()) return kind.status();
   const int units = ModelUnitCount(m);
   if (s.stages() < 1) return Bad("schedule.stages", "required, an integer >= 1");
   if (units > 0 && s.stages() > units) {  // 0: the count is known only later
@@ -708,7 +707,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                  "predicts from the optimizer's direction: sgd needs optimizer.momentum > 0 "
                  "(or use adam/adamw)");
     }
-    if (s.type() == "pipemare" && s.has_discrepancy_decay() && s.discrepancy_decay() >= 0) {
+    if (ScheduleKindOf(s) == ScheduleKind::kPipeMare && s.has_discrepancy_decay() &&
+        s.discrepancy_decay() >= 0) {
       return Bad("schedule.weight_prediction",
                  "and T2 (schedule.discrepancy_decay) pull in opposite directions: prediction "
                  "moves the forward's weights to the backward's, T2 the backward's back to the "
@@ -841,7 +841,7 @@ int64_t StepsPerEpoch(int64_t train_examples, const v1::ScheduleSpec& schedule) 
 }
 
 int64_t WarmupSteps(const v1::ScheduleSpec& schedule, int64_t steps_per_epoch) {
-  if (schedule.type() == "gpipe") return 0;
+  if (!IsAsynchronous(ScheduleKindOf(schedule))) return 0;
   return InSteps(schedule.warmup_steps(), schedule.warmup_epochs(), steps_per_epoch);
 }
 

@@ -29,13 +29,40 @@ std::string FormatAction(const Action& a) {
   return absl::StrCat(a.stage, std::string(1, op), a.index);
 }
 
-absl::StatusOr<std::vector<Action>> BuildStagePlan(const PlanOptions& o, int stage) {
-  static const std::set<std::string> kSchedules = {"gpipe", "pipemare", "pipedream", "async"};
-  if (!kSchedules.count(o.schedule)) {
-    return Bad("schedule.type", absl::StrCat("'", o.schedule,
-                                             "' is not allowed; allowed: pipemare, gpipe, "
-                                             "pipedream, async"));
+namespace {
+constexpr ScheduleKind kScheduleKinds[] = {ScheduleKind::kPipeMare, ScheduleKind::kGPipe,
+                                           ScheduleKind::kPipeDream, ScheduleKind::kAsync};
+}  // namespace
+
+const char* ScheduleName(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::kPipeDream:
+      return "pipedream";
+    case ScheduleKind::kAsync:
+      return "async";
+    case ScheduleKind::kPipeMare:
+      return "pipemare";
   }
+  return "pipemare";
+}
+
+absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view type) {
+  std::string allowed;
+  for (ScheduleKind kind : kScheduleKinds) {
+    if (type == ScheduleName(kind)) return kind;
+    absl::StrAppend(&allowed, allowed.empty() ? "" : ", ", ScheduleName(kind));
+  }
+  if (type.empty()) return Bad("schedule.type", absl::StrCat("required; allowed: ", allowed));
+  return Bad("schedule.type", absl::StrCat("'", type, "' is not allowed; allowed: ", allowed));
+}
+
+ScheduleKind ScheduleKindOf(const v1::ScheduleSpec& schedule) {
+  return ParseScheduleKind(schedule.type()).value_or(ScheduleKind::kPipeMare);
+}
+
+absl::StatusOr<std::vector<Action>> BuildStagePlan(const PlanOptions& o, int stage) {
   if (o.stages < 1) return Bad("schedule.stages", "must be >= 1");
   if (stage < 0 || stage >= o.stages) {
     return Bad("stage", absl::StrCat(stage, " is not in 0..", o.stages - 1));
@@ -47,7 +74,7 @@ absl::StatusOr<std::vector<Action>> BuildStagePlan(const PlanOptions& o, int sta
   const int i = stage;
   const int64_t N = o.microbatches_per_step;
   // Steps [0, sync_steps) of the epoch run synchronously.
-  const int64_t sync_steps = o.schedule == "gpipe"
+  const int64_t sync_steps = !IsAsynchronous(o.schedule)
                                  ? o.steps
                                  : std::clamp<int64_t>(o.warmup_steps - o.first_step, 0, o.steps);
   std::vector<Action> a;

@@ -27,6 +27,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
 
@@ -50,8 +52,21 @@ struct Plan {
   std::vector<std::vector<Action>> actions;  // [stage] -> ordered actions
 };
 
+// The schedules (schedule.type), each named once: in ScheduleName, which
+// ParseScheduleKind and the spec's validation read.
+enum class ScheduleKind { kGPipe, kPipeDream, kAsync, kPipeMare };
+// "gpipe", "pipedream", "async", "pipemare".
+const char* ScheduleName(ScheduleKind kind);
+// The kind named `type`; INVALID_ARGUMENT naming schedule.type and the
+// allowed names otherwise.
+absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view type);
+// A validated spec's schedule (the default, pipemare, if it were not).
+ScheduleKind ScheduleKindOf(const v1::ScheduleSpec& schedule);
+// Every schedule but gpipe updates asynchronously (after T3's warm-up).
+inline bool IsAsynchronous(ScheduleKind kind) { return kind != ScheduleKind::kGPipe; }
+
 struct PlanOptions {
-  std::string schedule;  // "gpipe" | "pipemare" | "pipedream" | "async"
+  ScheduleKind schedule = ScheduleKind::kPipeMare;
   int stages = 1;
   int microbatches_per_step = 1;
   int64_t steps = 1;         // optimizer steps in the epoch

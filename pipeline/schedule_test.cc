@@ -13,7 +13,9 @@ using ::testing::HasSubstr;
 
 Plan MustBuild(const std::string& schedule, int P, int N, int64_t steps, int64_t warmup = 0) {
   PlanOptions o;
-  o.schedule = schedule;
+  auto kind = ParseScheduleKind(schedule);
+  EXPECT_TRUE(kind.ok()) << kind.status();
+  o.schedule = kind.value_or(ScheduleKind::kPipeMare);
   o.stages = P;
   o.microbatches_per_step = N;
   o.steps = steps;
@@ -45,17 +47,17 @@ TEST(BuildPlanTest, WarmupStepsAreSynchronousThenOneFOneB) {
             "stage 0: 0F1 0B1 0U1 0F2 0B2 0U2 0F3 0F4 0B3 0U3 0B4 0U4\n"
             "stage 1: 1F1 1B1 1U1 1F2 1B2 1U2 1F3 1B3 1U3 1F4 1B4 1U4\n");
   // A later epoch starting past the warm-up is all asynchronous.
-  PlanOptions o{"pipemare", 2, 1, 4, /*first_step=*/4, /*warmup_steps=*/2};
+  PlanOptions o{ScheduleKind::kPipeMare, 2, 1, 4, /*first_step=*/4, /*warmup_steps=*/2};
   EXPECT_EQ(FormatPlan(*BuildPlan(o)), FormatPlan(MustBuild("pipemare", 2, 1, 4)));
 }
 
 TEST(BuildPlanTest, BadOptionsNameTheField) {
-  PlanOptions o{"pipemare", 0, 1, 4};
+  PlanOptions o{ScheduleKind::kPipeMare, 0, 1, 4};
   EXPECT_THAT(std::string(BuildPlan(o).status().message()), HasSubstr("schedule.stages"));
-  o = PlanOptions{"zero-bubble", 2, 1, 4};
-  EXPECT_THAT(std::string(BuildPlan(o).status().message()),
+  // The schedule's name is checked where it is parsed, once.
+  EXPECT_THAT(std::string(ParseScheduleKind("zero-bubble").status().message()),
               AllOf(HasSubstr("schedule.type"), HasSubstr("pipemare, gpipe, pipedream, async")));
-  o = PlanOptions{"gpipe", 2, 0, 4};
+  o = PlanOptions{ScheduleKind::kGPipe, 2, 0, 4};
   EXPECT_THAT(std::string(BuildPlan(o).status().message()),
               HasSubstr("schedule.microbatches_per_step"));
 }

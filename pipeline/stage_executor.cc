@@ -16,7 +16,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 
 StageExecutor::StageExecutor(const v1::StageAssignment& a, StageRuntime* runtime)
     : runtime_(runtime),
-      options_{a.schedule().type(),
+      options_{ScheduleKindOf(a.schedule()),
                a.num_stages(),
                a.schedule().microbatches_per_step(),
                a.steps_per_epoch(),

@@ -61,16 +61,6 @@ absl::StatusOr<VirtualDevice> ParseVirtualDevice(const std::string& text, const 
   return VirtualDevice{true, ms[0] / 1000, ms[1] / 1000};
 }
 
-absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& type) {
-  if (type == "gpipe") return ScheduleKind::kGPipe;
-  if (type == "pipedream") return ScheduleKind::kPipeDream;
-  if (type == "async") return ScheduleKind::kAsync;
-  if (type == "pipemare") return ScheduleKind::kPipeMare;
-  return Bad("schedule.type", absl::StrCat("'", type,
-                                           "' is not allowed; allowed: pipemare, gpipe, "
-                                           "pipedream, async"));
-}
-
 absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::StageAssignment& a,
                                                                    torch::Device device,
                                                                    torch::Dtype dtype,

@@ -34,18 +34,10 @@
 #include "pipeline/checkpoint_units.h"
 #include "pipeline/lr_schedule.h"
 #include "pipeline/pipemare_math.h"
+#include "pipeline/schedule.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
-
-enum class ScheduleKind { kGPipe, kPipeDream, kAsync, kPipeMare };
-
-// "gpipe" | "pipedream" | "async" | "pipemare" -> kind; INVALID_ARGUMENT
-// naming schedule.type otherwise.
-absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& type);
-
-// Every schedule but gpipe: 1F1B, updates as soon as N backwards are done.
-inline bool IsAsynchronous(ScheduleKind kind) { return kind != ScheduleKind::kGPipe; }
 
 // Bytes a stage holds now, from the tensors themselves.
 struct StageMemory {

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 
@@ -95,6 +96,16 @@ void Cluster::StartCoordinator() {
                                    "--metrics-address-file",
                                    metrics_file};
   argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
+  // Each cluster its own checkpoints: the default, ./pipemare-checkpoints,
+  // is shared by every test's job-1 (one test's cleanup of its cuts failed
+  // another's commit).
+  auto has = [&](const std::string& flag) {
+    return std::find(coordinator_flags_.begin(), coordinator_flags_.end(), flag) !=
+           coordinator_flags_.end();
+  };
+  if (!has("--checkpoint-dir") && !has("--state-dir")) {
+    argv.insert(argv.end(), {"--checkpoint-dir", dir_ + "/checkpoints"});
+  }
   for (const std::string& flag :
        tls_ ? CoordinatorTlsFlags() : std::vector<std::string>{"--insecure"}) {
     argv.push_back(flag);

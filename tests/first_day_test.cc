@@ -6,9 +6,14 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <atomic>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -16,6 +21,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/rpc.h"
+#include "pipemare/v1/pipemare.grpc.pb.h"
 #include "tests/cluster.h"
 #include "tests/process.h"
 
@@ -273,6 +280,151 @@ TEST(FirstDay, LocalRefusesTooFewWorkersNamesLogsAfterWorkersAndExportsToABareNa
     const std::string log = ReadFile(logs + "/" + id + ".log");
     EXPECT_TRUE(absl::StrContains(log, " as " + id)) << id << ":\n" << log;
   }
+}
+
+// The threads of process `pid` now (0 if unknown).
+int Threads(int pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(f, line)) {
+    if (absl::StartsWith(line, "Threads:")) return std::stoi(line.substr(8));
+  }
+  return 0;
+}
+
+// `count` WatchJob streams of one job from this process, read by one thread
+// through a completion queue, as that many `pipemarectl watch` would.
+class Watches {
+ public:
+  Watches(const std::string& address, const std::string& job, int count)
+      : stub_(v1::Coordinator::NewStub(MakeChannel(address))), watches_(count) {
+    v1::WatchJobRequest req;
+    req.set_id(job);
+    for (Watch& w : watches_) {
+      w.reader = stub_->PrepareAsyncWatchJob(&w.context, req, &cq_);
+      w.reader->StartCall(Tag(&w, kStarted));
+    }
+    poller_ = std::thread([this] { Poll(); });
+  }
+  ~Watches() {
+    for (Watch& w : watches_) w.context.TryCancel();
+    WaitFor(30, [&] { return finished() == static_cast<int>(watches_.size()); });
+    cq_.Shutdown();
+    poller_.join();
+  }
+  // Streams that got at least one event, and that ended.
+  int heard() const { return heard_.load(); }
+  int finished() const { return finished_.load(); }
+  // Streams that ended OK after a status in `state`, and those that ended
+  // with `code`.
+  int EndedOkIn(v1::JobState state) const {
+    int n = 0;
+    for (const Watch& w : watches_) n += w.done && w.status.ok() && w.last == state;
+    return n;
+  }
+  int EndedWith(grpc::StatusCode code) const {
+    int n = 0;
+    for (const Watch& w : watches_) n += w.done && w.status.error_code() == code;
+    return n;
+  }
+  std::string AnError() const {
+    for (const Watch& w : watches_) {
+      if (w.done && !w.status.ok()) return w.status.error_message();
+    }
+    return "";
+  }
+
+ private:
+  enum Op : uintptr_t { kStarted = 0, kRead = 1, kFinished = 2 };
+  struct Watch {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientAsyncReader<v1::JobEvent>> reader;
+    v1::JobEvent event;
+    grpc::Status status;
+    int events = 0;
+    v1::JobState last = v1::PENDING;
+    bool done = false;
+  };
+  static void* Tag(Watch* w, Op op) {
+    return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(w) | op);
+  }
+  void Poll() {
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+      auto* w = reinterpret_cast<Watch*>(reinterpret_cast<uintptr_t>(tag) & ~uintptr_t{3});
+      const Op op = static_cast<Op>(reinterpret_cast<uintptr_t>(tag) & 3);
+      if (op == kFinished) {
+        w->done = true;
+        ++finished_;
+      } else if (!ok) {
+        w->reader->Finish(&w->status, Tag(w, kFinished));
+      } else {
+        if (op == kRead) {
+          if (w->events++ == 0) ++heard_;
+          w->last = w->event.job().state();
+        }
+        w->reader->Read(&w->event, Tag(w, kRead));
+      }
+    }
+  }
+
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  grpc::CompletionQueue cq_;
+  std::vector<Watch> watches_;
+  std::atomic<int> heard_{0}, finished_{0};
+  std::thread poller_;
+};
+
+// Found as a user would: 300 `pipemarectl watch` on one running job took
+// every thread of the coordinator's server; list and submit got "Server
+// Threadpool Exhausted", heartbeats failed, every worker was marked LOST and
+// the job restarted. A watch now holds no thread.
+TEST(FirstDay, AThousandWatchersOfARunningJobCostNoThreadsAndStarveNoWorkerOrClient) {
+  Cluster cluster(3, {"--worker-timeout", "3", "--max-watches-per-caller", "1000"});
+  ASSERT_TRUE(cluster.ok());
+  const std::string id =
+      cluster.Submit(cluster.WriteSpec("watched", ShortSpec("watched", "pipemare", 3, 25600, 1)));
+  ASSERT_EQ(id, "job-1");
+  ASSERT_TRUE(WaitFor(120, [&] { return cluster.Status(id).progress().step() > 20; }))
+      << cluster.Logs();
+  const int idle_threads = Threads(cluster.coordinator().pid());
+  {
+    Watches watches(cluster.address(), id, 1000);
+    ASSERT_TRUE(WaitFor(60, [&] { return watches.heard() == 1000; }))
+        << watches.heard() << " of 1000 watches heard the job; " << watches.AnError();
+    // One more from the same caller is past its bound, and says which flag.
+    {
+      Watches extra(cluster.address(), id, 1);
+      ASSERT_TRUE(WaitFor(20, [&] { return extra.finished() == 1; }));
+      EXPECT_EQ(extra.EndedWith(grpc::StatusCode::RESOURCE_EXHAUSTED), 1) << extra.AnError();
+      EXPECT_TRUE(absl::StrContains(extra.AnError(), "--max-watches-per-caller"))
+          << extra.AnError();
+    }
+    // The coordinator's threads stay bounded: none per watch.
+    const int watched_threads = Threads(cluster.coordinator().pid());
+    std::cout << "coordinator threads: " << idle_threads << " before the watches, "
+              << watched_threads << " with 1000 open" << std::endl;
+    EXPECT_LT(watched_threads, idle_threads + 64)
+        << idle_threads << " threads before the watches, " << watched_threads << " with 1000";
+    EXPECT_EQ(cluster.Status(id).state(), v1::RUNNING);
+    // Clients still get answers while the watches are open.
+    const CommandResult list = cluster.Ctl({"list"}, 20);
+    EXPECT_EQ(list.exit_code, 0) << list.err;
+    EXPECT_TRUE(absl::StrContains(list.out, id)) << list.out;
+    const std::string next =
+        cluster.Submit(cluster.WriteSpec("next", ShortSpec("next", "gpipe", 3, 640, 1)));
+    EXPECT_EQ(next, "job-2");
+    const v1::JobStatus end = cluster.WaitForEnd(id, 300);
+    EXPECT_EQ(end.state(), v1::SUCCEEDED) << end.reason() << cluster.Logs();
+    EXPECT_EQ(end.restarts_size(), 0) << "no worker was lost while 1000 watched";
+    // Every watch saw the end and ended OK.
+    ASSERT_TRUE(WaitFor(60, [&] { return watches.finished() == 1000; }))
+        << watches.finished() << " of 1000 watches ended; " << watches.AnError();
+    EXPECT_EQ(watches.EndedOkIn(v1::SUCCEEDED), 1000) << watches.AnError();
+  }
+  EXPECT_EQ(cluster.CountWorkers(v1::LOST), 0);
+  cluster.WaitForEnd("job-2", 300);
 }
 
 }  // namespace
