@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
 #include "pipeline/schedule.h"
+#include "pipeline/settings.h"
 
 namespace pipemare::client {
 namespace {
@@ -278,7 +279,7 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
   if (!job.partition().empty()) {
     std::string partition = job.partition();
     const auto& split = spec_schedule.split();
-    if (job.partition() == "split" && !split.empty()) {
+    if (PartitionOf(job.partition()) == PartitionKind::kSplit && !split.empty()) {
       partition += " (stages start at units 0";
       for (int first : split) absl::StrAppend(&partition, ", ", first);
       partition += ")";

@@ -18,6 +18,7 @@
 #include "pipeline/file_access.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/model_plan.h"
+#include "pipeline/settings.h"
 
 namespace pipemare {
 
@@ -148,7 +149,7 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
   }
   // What the run would refuse on its workers, refused now: a retry could
   // never help.
-  if (options_.tls && spec.schedule().transport() == "gloo") {
+  if (options_.tls && TransportOf(spec.schedule().transport()) == Transport::kGloo) {
     return absl::InvalidArgumentError(
         "schedule.transport: gloo sends activations and gradients unencrypted and "
         "unauthenticated, and this cluster runs mutual TLS; use transport: grpc (encrypted), or "
@@ -667,7 +668,9 @@ absl::StatusOr<WorkerRegistry::Clock::time_point> JobManager::Recover(
     *workers = kept;
     auto* sched = spec.mutable_schedule();
     sched->set_stages(static_cast<int>(kept.size()));
-    if (sched->partition() == "split") sched->set_partition("parameters");
+    if (PartitionOf(sched->partition()) == PartitionKind::kSplit) {
+      sched->set_partition(PartitionName(PartitionKind::kParameters));
+    }
     sched->clear_split();
     LogWarning(ForJob(id),
                absl::StrCat("no idle worker within recovery.wait_seconds (", policy.wait_seconds(),

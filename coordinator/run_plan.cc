@@ -4,6 +4,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/schedule.h"
+#include "pipeline/settings.h"
 
 namespace pipemare {
 namespace {
@@ -12,22 +13,22 @@ namespace {
 absl::Status Partition(const v1::JobSpec& spec, const ModelPlan& plan, int P,
                        const ProfileUnits& profile, RunPlan* run) {
   const auto& sched = spec.schedule();
-  run->partition = sched.partition().empty() ? "uniform" : sched.partition();
-  const std::string& kind = run->partition;
+  const PartitionKind kind = PartitionOf(sched.partition());
+  run->partition = PartitionName(kind);
   const int units = static_cast<int>(plan.units.size());
   std::vector<double> params;
   for (const auto& u : plan.units) params.push_back(static_cast<double>(u.parameters));
   absl::StatusOr<std::vector<StageRange>> ranges;
-  if (kind == "profile") {
+  if (kind == PartitionKind::kProfile) {
     auto cost = profile(plan);
     if (!cost.ok()) return cost.status();
     ranges = PartitionByCost(*cost, P);
     if (ranges.ok()) run->predicted_seconds = StageCosts(*ranges, *cost);
-  } else if (kind == "parameters") {
+  } else if (kind == PartitionKind::kParameters) {
     std::vector<int64_t> exact;  // integer arithmetic: exact ties
     for (const auto& u : plan.units) exact.push_back(u.parameters);
     ranges = PartitionByParameters(exact, P);
-  } else if (kind == "split") {
+  } else if (kind == PartitionKind::kSplit) {
     ranges = PartitionFromSplit({sched.split().begin(), sched.split().end()}, units, P);
   } else {
     ranges = PartitionUniform(units, P);
@@ -36,7 +37,7 @@ absl::Status Partition(const v1::JobSpec& spec, const ModelPlan& plan, int P,
   run->ranges = *std::move(ranges);
   run->stage_parameters = StageCosts(run->ranges, {params});
   std::vector<double> by = run->predicted_seconds;
-  if (kind == "parameters") by = run->stage_parameters;
+  if (kind == PartitionKind::kParameters) by = run->stage_parameters;
   if (by.empty()) {
     for (const auto& r : run->ranges) by.push_back(r.units);
   }

@@ -18,6 +18,7 @@
 #include "google/protobuf/reflection.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "pipeline/settings.h"
 
 namespace pipemare {
 namespace {
@@ -263,7 +264,9 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (s->microbatch_size() == 0) s->set_microbatch_size(64);
   if (s->microbatches_per_step() == 0) s->set_microbatches_per_step(1);
   if (!spec.train().has_shuffle()) spec.mutable_train()->set_shuffle(true);
-  if (spec.train().on_nonfinite().empty()) spec.mutable_train()->set_on_nonfinite("fail");
+  if (spec.train().on_nonfinite().empty()) {
+    spec.mutable_train()->set_on_nonfinite(OnNonFiniteName(OnNonFinite::kFail));
+  }
   if (spec.checkpoint().keep() == 0) spec.mutable_checkpoint()->set_keep(3);
   auto* r = spec.mutable_recovery();
   if (!r->has_max_restarts()) r->set_max_restarts(3);
@@ -737,18 +740,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                  "is defined for plain momentum: set optimizer.nesterov false or this false");
     }
   }
-  if (!s.wire_dtype().empty() && s.wire_dtype() != "float32" && s.wire_dtype() != "float16" &&
-      s.wire_dtype() != "bfloat16") {
-    return Bad("schedule.wire_dtype", absl::StrCat("'", s.wire_dtype(),
-                                                   "' is not allowed; allowed: float32 (default), "
-                                                   "float16, bfloat16"));
-  }
-  if (!s.transport().empty() && s.transport() != "grpc" && s.transport() != "gloo") {
-    return Bad("schedule.transport",
-               absl::StrCat("'", s.transport(), "' is not allowed; allowed: grpc (default), gloo"));
-  }
+  if (auto dtype = ParseWireDtype(s.wire_dtype()); !dtype.ok()) return dtype.status();
+  auto transport = ParseTransport(s.transport());
+  if (!transport.ok()) return transport.status();
   if (s.has_data_plane_min_bytes()) {
-    if (s.transport() != "gloo") {
+    if (*transport != Transport::kGloo) {
       return Bad("schedule.data_plane_min_bytes",
                  "applies to transport gloo (on grpc every tensor rides the Pipe stream): remove "
                  "it or set schedule.transport: gloo");
@@ -759,19 +755,14 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                               " is negative: give bytes >= 0 (0 sends every tensor over Gloo)"));
     }
   }
-  if (!s.partition().empty() && s.partition() != "uniform" && s.partition() != "parameters" &&
-      s.partition() != "profile" && s.partition() != "split") {
-    return Bad("schedule.partition",
-               absl::StrCat("'", s.partition(),
-                            "' is not allowed; allowed: uniform (default), parameters, profile, "
-                            "split"));
-  }
-  if (s.partition() != "split" && s.split_size() > 0) {
+  auto partition = ParsePartition(s.partition());
+  if (!partition.ok()) return partition.status();
+  if (*partition != PartitionKind::kSplit && s.split_size() > 0) {
     return Bad("schedule.split",
                "applies to partition split only; set schedule.partition: split "
                "or remove schedule.split");
   }
-  if (s.partition() == "split") {
+  if (*partition == PartitionKind::kSplit) {
     const std::vector<int> split(s.split().begin(), s.split().end());
     if (units > 0) {  // the coordinator checks again once the unit count is known
       if (auto st = PartitionFromSplit(split, units, s.stages()).status(); !st.ok()) return st;
@@ -800,11 +791,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   const auto& t = spec.train();
   if (t.epochs() < 1 || t.epochs() > 100000)
     return Bad("train.epochs", "required, an integer in 1..100000");
-  if (!t.on_nonfinite().empty() && t.on_nonfinite() != "fail" && t.on_nonfinite() != "skip") {
-    return Bad("train.on_nonfinite", absl::StrCat("'", t.on_nonfinite(),
-                                                  "' is not allowed; allowed: fail (the default: "
-                                                  "the job fails), skip (drop the microbatch)"));
-  }
+  if (auto policy = ParseOnNonFinite(t.on_nonfinite()); !policy.ok()) return policy.status();
   // checkpoint
   const auto& c = spec.checkpoint();
   if (c.every_steps() < 0) {

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "pipeline/schedule.h"
+#include "pipeline/settings.h"
 
 namespace pipemare {
 namespace {
@@ -1188,6 +1190,40 @@ TEST(FirstDaySpec, ADirectoryIsNotASpecFile) {
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(std::string(spec.status().message()),
               AllOf(HasSubstr("is a directory"), HasSubstr("spec file")));
+}
+
+// Each enumerated setting's allowed set is written once (pipeline/settings.h,
+// ScheduleKind): names round-trip, an empty field is its default, and a bad
+// one names the field and every allowed value.
+TEST(SettingsTest, EachAllowedSetRoundTripsDefaultsWhenEmptyAndNamesTheFieldWhenBad) {
+  for (PartitionKind k : {PartitionKind::kUniform, PartitionKind::kParameters,
+                          PartitionKind::kProfile, PartitionKind::kSplit}) {
+    EXPECT_EQ(*ParsePartition(PartitionName(k)), k);
+  }
+  for (Transport t : {Transport::kGrpc, Transport::kGloo}) {
+    EXPECT_EQ(*ParseTransport(TransportName(t)), t);
+  }
+  for (OnNonFinite p : {OnNonFinite::kFail, OnNonFinite::kSkip}) {
+    EXPECT_EQ(*ParseOnNonFinite(OnNonFiniteName(p)), p);
+  }
+  for (WireDtype d : {WireDtype::kFloat32, WireDtype::kFloat16, WireDtype::kBFloat16}) {
+    EXPECT_EQ(*ParseWireDtype(WireDtypeName(d)), d);
+  }
+  EXPECT_EQ(*ParseWireDtype(""), WireDtype::kFloat32);
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::kPipeDream, ScheduleKind::kAsync,
+                         ScheduleKind::kPipeMare}) {
+    EXPECT_EQ(*ParseScheduleKind(ScheduleName(k)), k);
+  }
+  EXPECT_EQ(*ParsePartition(""), PartitionKind::kUniform);
+  EXPECT_EQ(*ParseTransport(""), Transport::kGrpc);
+  EXPECT_EQ(*ParseOnNonFinite(""), OnNonFinite::kFail);
+  EXPECT_THAT(std::string(ParsePartition("even").status().message()),
+              AllOf(HasSubstr("schedule.partition: 'even'"),
+                    HasSubstr("uniform (default), parameters, profile, split")));
+  EXPECT_THAT(std::string(ParseOnNonFinite("ignore").status().message()),
+              AllOf(HasSubstr("train.on_nonfinite"), HasSubstr("skip (drop the microbatch)")));
+  EXPECT_THAT(std::string(ParseScheduleKind("1f1b").status().message()),
+              HasSubstr("allowed: pipemare, gpipe, pipedream, async"));
 }
 
 }  // namespace

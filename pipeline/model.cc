@@ -16,6 +16,7 @@
 #include "pipeline/job_spec.h"
 #include "pipeline/mnist.h"
 #include "pipeline/partition.h"
+#include "pipeline/settings.h"
 
 namespace pipemare {
 namespace {
@@ -823,7 +824,7 @@ absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& dat
     return Bad("schedule.stages", absl::StrCat(s.stages(), " stages but the model has only ", total,
                                                " units; use at most ", total));
   }
-  if (s.partition() == "split") {
+  if (PartitionOf(s.partition()) == PartitionKind::kSplit) {
     std::vector<int> split(s.split().begin(), s.split().end());
     if (auto r = PartitionFromSplit(split, total, s.stages()); !r.ok()) return r.status();
   }

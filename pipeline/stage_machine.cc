@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pipeline/settings.h"
 #include "pipeline/torch_codec.h"
 
 namespace pipemare {
@@ -33,7 +34,7 @@ StageMachine::StageMachine(const v1::StageAssignment& a, StageRuntime* runtime, 
       runtime_(runtime),
       options_(std::move(options)),
       last_(runtime->is_last()),
-      skip_nonfinite_(a.on_nonfinite() == "skip"),
+      skip_nonfinite_(OnNonFiniteOf(a.on_nonfinite()) == OnNonFinite::kSkip),
       wire_dtype_(WireScalarType(a.schedule().wire_dtype())),
       inbox_capacity_(
           static_cast<size_t>(std::max(a.num_stages(), 2 * a.schedule().microbatches_per_step())) +

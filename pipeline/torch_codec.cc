@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "pipeline/settings.h"
 #include "pipeline/tensor_codec.h"
 
 namespace pipemare {
@@ -76,8 +77,14 @@ absl::StatusOr<torch::Tensor> TakeTorch(v1::Tensor* wire, std::optional<torch::S
 }
 
 std::optional<torch::ScalarType> WireScalarType(const std::string& wire_dtype) {
-  if (wire_dtype == "float16") return torch::kFloat16;
-  if (wire_dtype == "bfloat16") return torch::kBFloat16;
+  switch (WireDtypeOf(wire_dtype)) {
+    case WireDtype::kFloat16:
+      return torch::kFloat16;
+    case WireDtype::kBFloat16:
+      return torch::kBFloat16;
+    case WireDtype::kFloat32:
+      break;
+  }
   return std::nullopt;
 }
 

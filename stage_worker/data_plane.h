@@ -33,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pipeline/settings.h"
 
 namespace pipemare {
 
@@ -93,10 +94,10 @@ class DataPlaneEdge {
 // below this (docs/benchmarks.md, "Eager below, rendezvous above").
 inline constexpr int64_t kDataPlaneMinBytes = int64_t{2} << 20;
 
-// The edge for schedule.transport `transport`: null for "grpc" (the stream
+// The edge for schedule.transport `transport`: null for grpc (the stream
 // carries the bytes); FAILED_PRECONDITION naming the fix when this build
-// lacks it; INVALID_ARGUMENT for an unknown transport.
-absl::StatusOr<std::unique_ptr<DataPlaneEdge>> MakeDataPlaneEdge(const std::string& transport,
+// lacks it. (An unknown name never gets here: ParseTransport refuses it.)
+absl::StatusOr<std::unique_ptr<DataPlaneEdge>> MakeDataPlaneEdge(Transport transport,
                                                                  DataPlaneEdge::Options options,
                                                                  DataPlaneEdge::SendKey send_key);
 

@@ -303,20 +303,16 @@ void GlooEdge::Abort(const std::string&) {}
 
 #endif  // PIPEMARE_HAVE_GLOO
 
-absl::StatusOr<std::unique_ptr<DataPlaneEdge>> MakeDataPlaneEdge(const std::string& transport,
+absl::StatusOr<std::unique_ptr<DataPlaneEdge>> MakeDataPlaneEdge(Transport transport,
                                                                  DataPlaneEdge::Options options,
                                                                  DataPlaneEdge::SendKey send_key) {
-  if (transport.empty() || transport == "grpc") return nullptr;
-  if (transport == "gloo") {
-    if (!GlooAvailable()) {
-      return absl::FailedPreconditionError(
-          "schedule.transport: gloo, but this worker was built without Gloo (PIPEMARE_GLOO=OFF); "
-          "use transport: grpc or a worker built with libgloo-dev");
-    }
-    return std::make_unique<GlooEdge>(std::move(options), std::move(send_key));
+  if (transport == Transport::kGrpc) return nullptr;
+  if (!GlooAvailable()) {
+    return absl::FailedPreconditionError(
+        "schedule.transport: gloo, but this worker was built without Gloo (PIPEMARE_GLOO=OFF); "
+        "use transport: grpc or a worker built with libgloo-dev");
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("schedule.transport: '", transport, "' is not allowed; allowed: grpc, gloo"));
+  return std::make_unique<GlooEdge>(std::move(options), std::move(send_key));
 }
 
 }  // namespace pipemare

@@ -181,13 +181,15 @@ TEST(GlooEdgeTest, RendezvousRefusesBadKeysAndTimesOutWithoutAPeer) {
 TEST(DataPlaneTest, EachTransportMakesItsEdge) {
   auto none = [](const std::string&, const std::string&) { return absl::OkStatus(); };
   for (const char* grpc : {"", "grpc"}) {
-    auto edge = MakeDataPlaneEdge(grpc, EdgeOptions(0), none);
+    auto edge = MakeDataPlaneEdge(TransportOf(grpc), EdgeOptions(0), none);
     ASSERT_TRUE(edge.ok()) << edge.status();
     EXPECT_EQ(*edge, nullptr) << "the stream carries the bytes";
   }
-  auto bad = MakeDataPlaneEdge("tcp", EdgeOptions(0), none);
+  // An unknown transport is refused where the name is parsed, naming both.
+  auto bad = ParseTransport("tcp");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  auto gloo = MakeDataPlaneEdge("gloo", EdgeOptions(0), none);
+  EXPECT_NE(bad.status().message().find("allowed: grpc (default), gloo"), std::string::npos);
+  auto gloo = MakeDataPlaneEdge(Transport::kGloo, EdgeOptions(0), none);
   if (GlooAvailable()) {
     ASSERT_TRUE(gloo.ok()) << gloo.status();
     EXPECT_NE(*gloo, nullptr);

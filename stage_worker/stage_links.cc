@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/thread_name.h"
+#include "pipeline/settings.h"
 #include "pipeline/torch_codec.h"
 
 namespace pipemare {
@@ -59,8 +60,8 @@ PipeStream::Callbacks StageLinks::CallbacksFor(Side side) {
 absl::Status StageLinks::Open() {
   const v1::StageAssignment& a = assignment_;
   const bool first = a.stage() == 0, last = a.stage() + 1 == a.num_stages();
-  if (const std::string& transport = a.schedule().transport();
-      !transport.empty() && transport != "grpc") {
+  if (const Transport transport = TransportOf(a.schedule().transport());
+      transport != Transport::kGrpc) {
     // One edge per neighbour stage; it connects from the compute thread
     // once the edge's stream is there (ConnectDataPlane).
     for (Side side : {Side::kUpstream, Side::kDownstream}) {
@@ -74,7 +75,7 @@ absl::Status StageLinks::Open() {
       if (shape.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
             side == Side::kUpstream ? "input_shape" : "output_shape",
-            ": required on schedule.transport ", transport,
+            ": required on schedule.transport ", TransportName(transport),
             " for a stage with that neighbour (the coordinator's shape pass sets it)"));
       }
       double edge_bytes = static_cast<double>(a.schedule().microbatch_size()) *

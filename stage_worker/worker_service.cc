@@ -5,6 +5,7 @@
 #include "common/rpc.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/model.h"
+#include "pipeline/settings.h"
 
 namespace pipemare {
 
@@ -31,7 +32,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
   }
   if (auto st = RequireFiniteFields(*request); !st.ok()) return ToGrpc(st);
-  if (request->schedule().transport() == "gloo") {
+  if (TransportOf(request->schedule().transport()) == Transport::kGloo) {
     if (!plaintext_) {
       return grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
