@@ -35,7 +35,9 @@ std::string OrDash(const std::string& text) { return text.empty() ? "-" : text; 
 
 std::string Percent(double fraction) { return Format("%.1f%%", fraction * 100.0); }
 
-bool IsLanguageModel(const v1::JobStatus& job) { return job.task() == "language_model"; }
+bool IsLanguageModel(const v1::JobStatus& job) {
+  return ParseTask(job.task()).value_or(Task::kClassification) == Task::kLanguageModel;
+}
 
 // What test accuracy counts: next tokens for language models.
 const char* AccuracyLabel(const v1::JobStatus& job) {

@@ -1,20 +1,19 @@
 #include "common/signals.h"
 
-#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/log.h"
 
 namespace pipemare {
 namespace {
-std::mutex mu;
-std::condition_variable cv;
-bool stop = false;
-double bound_seconds = 0;  // GUARDED_BY(mu)
+ABSL_CONST_INIT absl::Mutex mu(absl::kConstInit);
+bool stop ABSL_GUARDED_BY(mu) = false;
+double bound_seconds ABSL_GUARDED_BY(mu) = 0;
 
 [[noreturn]] void ExitNow(const std::string& why) {
   LogError(absl::StrCat("exiting now: ", why));
@@ -33,11 +32,10 @@ void BlockStopSignals() {
     sigwait(&set, &sig);
     double bound = 0;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       stop = true;
       bound = bound_seconds;
     }
-    cv.notify_all();
     if (bound > 0) {
       std::thread([bound] {
         std::this_thread::sleep_for(std::chrono::duration<double>(bound));
@@ -50,18 +48,18 @@ void BlockStopSignals() {
 }
 
 void SetStopBound(double seconds) {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   bound_seconds = seconds;
 }
 
 bool StopRequested() {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   return stop;
 }
 
 bool WaitForStop(std::chrono::milliseconds d) {
-  std::unique_lock<std::mutex> lock(mu);
-  return cv.wait_for(lock, d, [] { return stop; });
+  absl::MutexLock lock(&mu);
+  return mu.AwaitWithTimeout(absl::Condition(&stop), absl::FromChrono(d));
 }
 
 }  // namespace pipemare

@@ -135,14 +135,7 @@ absl::Status CutCommitter::PollLocked() {
                    m.files.size(), " units, verified in ",
                    std::chrono::duration<double>(Clock::now() - start).count(), " s): ", manifest));
   const int32_t committed = committed_;
-  store_
-      ->Update(run_.job_id,
-               [&](v1::JobStatus& s) {
-                 s.mutable_checkpoint()->set_step(step);
-                 s.mutable_checkpoint()->set_manifest(manifest);
-                 s.mutable_checkpoint()->set_committed(committed);
-               })
-      .IgnoreError();
+  store_->SetCheckpoint(run_.job_id, step, manifest, committed).IgnoreError();
   return absl::OkStatus();
 }
 

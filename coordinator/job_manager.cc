@@ -40,26 +40,25 @@ JobManager::JobManager(JobStore* store, WorkerRegistry* registry, RunnerOptions 
 
 JobManager::~JobManager() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
     // Each running job drains and cuts a checkpoint at its next step; the
     // next coordinator on this state directory continues from there.
     for (auto& [id, drain] : drains_) drain->Request("the coordinator is stopping", -1);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   scheduler_.join();
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock,
-                 std::chrono::milliseconds(
-                     static_cast<int64_t>((options_.drain_timeout_seconds + 5) * 1000)),
-                 [&] { return runners_.empty(); });
+    absl::MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + absl::Seconds(options_.drain_timeout_seconds + 5);
+    while (!runners_.empty() && !cv_.WaitWithDeadline(&mu_, deadline)) {
+    }
     for (auto& [id, flag] : cancel_) flag->store(true);  // past the bound
   }
   std::map<std::string, std::thread> runners;
   std::vector<std::thread> finished;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     runners.swap(runners_);
     finished.swap(finished_);
   }
@@ -221,12 +220,8 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
   }
   v1::JobStatus job = store_->Create(spec);
   store_
-      ->Update(job.id(),
-               [&](v1::JobStatus& s) {
-                 (from.empty() ? s.mutable_init_from() : s.mutable_from_checkpoint())
-                     ->assign(from_manifest);
-                 s.set_submitted_by(submitter);
-               })
+      ->SetOrigin(job.id(), from.empty() ? "" : from_manifest, from.empty() ? from_manifest : "",
+                  submitter)
       .IgnoreError();
   LogInfo(ForJob(job.id()), absl::StrCat("accepted '", spec.name(), "' from ", submitter, " (",
                                          spec.schedule().type(), ", ", spec.schedule().stages(),
@@ -260,13 +255,7 @@ absl::StatusOr<v1::ExportModelResponse> JobManager::Export(const std::string& id
       LogError(ForJob(id), absl::StrCat("skipped a damaged checkpoint: ", why));
     }
     if (!skipped.empty()) {
-      store_
-          ->Update(id,
-                   [&](v1::JobStatus& s) {
-                     s.mutable_checkpoint()->set_skipped(s.checkpoint().skipped() +
-                                                         static_cast<int>(skipped.size()));
-                   })
-          .IgnoreError();
+      store_->AddSkippedCuts(id, static_cast<int>(skipped.size())).IgnoreError();
     }
   } else {
     manifest = ReadManifest(CheckpointStepDir(dir, id, step));
@@ -282,7 +271,7 @@ absl::StatusOr<v1::ExportModelResponse> JobManager::Export(const std::string& id
   }
   if (!manifest.ok()) return manifest.status();
   std::string torchscript;
-  if (job->spec().model().type() == "torchscript") {
+  if (ModelKindOf(job->spec().model().type()) == ModelKind::kTorchScript) {
     auto bytes = ReadWholeFile(job->spec().model().path());
     if (!bytes.ok()) {
       return absl::FailedPreconditionError(
@@ -342,13 +331,7 @@ absl::StatusOr<v1::JobStatus> JobManager::Resume(const std::string& id) {
       !st.ok()) {
     return st;
   }
-  store_
-      ->Update(id,
-               [&](v1::JobStatus& s) {
-                 s.set_resumes(s.resumes() + 1);
-                 s.mutable_progress()->set_step(manifest->step);  // where it continues from
-               })
-      .IgnoreError();
+  store_->MarkResumed(id, manifest->step).IgnoreError();
   Poke();
   return store_->Get(id);
 }
@@ -361,7 +344,7 @@ absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& id) {
         absl::StrCat("job ", id, " already ended ", v1::JobState_Name(job->state())));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = cancel_.find(id);
     if (it != cancel_.end()) {
       // Running: drain, so that the cut at the next step is committed and
@@ -386,14 +369,17 @@ absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& id) {
   // by UpdateState refusing a second terminal state).
   auto st = store_->UpdateState(id, v1::CANCELLED, "cancelled by the user while pending");
   if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = cancel_.find(id);
     if (it != cancel_.end()) it->second->store(true);
   }
   return store_->Get(id);
 }
 
-void JobManager::Poke() { cv_.notify_all(); }
+void JobManager::Poke() {
+  absl::MutexLock lock(&mu_);
+  cv_.SignalAll();
+}
 
 absl::StatusOr<std::string> JobManager::DrainWorker(const std::string& worker_id,
                                                     const std::string& instance_id) {
@@ -402,7 +388,7 @@ absl::StatusOr<std::string> JobManager::DrainWorker(const std::string& worker_id
   LogInfo(absl::StrCat("worker ", worker_id, " at ", info->address(), " is leaving",
                        info->job_id().empty() ? "" : absl::StrCat(" (job ", info->job_id(), ")")));
   if (info->job_id().empty()) return std::string();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = drains_.find(info->job_id());
   if (it != drains_.end()) {
     it->second->Request(absl::StrCat("worker ", worker_id, " is stopping"), info->stage());
@@ -411,15 +397,15 @@ absl::StatusOr<std::string> JobManager::DrainWorker(const std::string& worker_id
 }
 
 bool JobManager::ShuttingDown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return stopping_;
 }
 
 void JobManager::SchedulerLoop() {
   NameThisThread("job-scheduler");
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (!stopping_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(500));
+    cv_.WaitWithTimeout(&mu_, absl::Milliseconds(500));
     if (stopping_) break;
     for (auto& t : finished_) t.join();
     finished_.clear();
@@ -436,7 +422,7 @@ void JobManager::SchedulerLoop() {
         ++it;
       }
     }
-    lock.unlock();
+    mu_.Unlock();
     if (int lost = registry_->MarkLost(); lost > 0) {
       LogWarning(absl::StrCat(lost, " worker(s) stopped heartbeating and are now LOST"));
     }
@@ -451,7 +437,7 @@ void JobManager::SchedulerLoop() {
         const std::string reason = absl::StrCat("waiting for ", need, " idle workers (",
                                                 registry_->IdleCount(), " idle now)");
         if (job->reason() != reason) {
-          store_->Update(id, [&](v1::JobStatus& s) { s.set_reason(reason); }).IgnoreError();
+          store_->SetReason(id, reason).IgnoreError();
         }
         break;
       }
@@ -459,27 +445,28 @@ void JobManager::SchedulerLoop() {
       // sees RUNNING always finds the flag (before, one in between marked
       // the job CANCELLED while its runner went on holding the workers).
       auto flag = std::make_shared<std::atomic<bool>>(false);
-      lock.lock();
+      mu_.Lock();
       cancel_[id] = flag;
-      lock.unlock();
+      mu_.Unlock();
       if (!store_->UpdateState(id, v1::RUNNING, "").ok()) {  // cancelled meanwhile
-        lock.lock();
+        mu_.Lock();
         cancel_.erase(id);
-        lock.unlock();
+        mu_.Unlock();
         registry_->Release(id);
         continue;
       }
-      lock.lock();
+      mu_.Lock();
       StartJob(id, std::move(*workers), std::move(flag));
-      lock.unlock();
+      mu_.Unlock();
     }
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> workers,
                           std::shared_ptr<std::atomic<bool>> flag) {
-  // REQUIRES: mu_ held; cancel_[id] is `flag`.
+  // cancel_[id] is `flag`.
   for (size_t i = 0; i < workers.size(); ++i) {
     LogInfo(ForStage(id, static_cast<int>(i)),
             absl::StrCat("assigned to worker ", workers[i].id(), " at ", workers[i].address()));
@@ -493,14 +480,12 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
     } else if (absl::IsCancelled(result) && ShuttingDown()) {
       // Drained by ~JobManager, not cancelled by a user: it stays RUNNING in
       // the state directory, and the next coordinator there runs it on.
+      auto job = store_->Get(id);
+      const int64_t step = job.ok() ? job->checkpoint().step() : 0;
       store_
-          ->Update(id,
-                   [](v1::JobStatus& s) {
-                     s.set_reason(absl::StrCat(
-                         "the coordinator stopped; the next one on its state directory continues "
-                         "this job from its checkpoint at step ",
-                         s.checkpoint().step()));
-                   })
+          ->SetReason(id, absl::StrCat("the coordinator stopped; the next one on its state "
+                                       "directory continues this job from its checkpoint at step ",
+                                       step))
           .IgnoreError();
     } else if (absl::IsCancelled(result)) {
       std::string reason(result.message());
@@ -519,7 +504,7 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
     } else if (!result.ok()) {
       LogError(ForJob(id), absl::StrCat("ended: ", result.ToString()));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     cancel_.erase(id);
     drains_.erase(id);
     cancel_deadlines_.erase(id);
@@ -528,7 +513,7 @@ void JobManager::StartJob(const std::string& id, std::vector<v1::WorkerInfo> wor
       finished_.push_back(std::move(it->second));
       runners_.erase(it);
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   });
 }
 
@@ -557,13 +542,7 @@ absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInf
         LogError(ForJob(id), absl::StrCat("skipped a damaged checkpoint: ", why));
       }
       if (!skipped.empty()) {
-        store_
-            ->Update(id,
-                     [&](v1::JobStatus& s) {
-                       s.mutable_checkpoint()->set_skipped(s.checkpoint().skipped() +
-                                                           static_cast<int>(skipped.size()));
-                     })
-            .IgnoreError();
+        store_->AddSkippedCuts(id, static_cast<int>(skipped.size())).IgnoreError();
       }
       if (!m.ok()) return m.status();
       resume = std::move(*m);
@@ -581,7 +560,7 @@ absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInf
     }
     auto drain = std::make_shared<DrainRequest>();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stopping_) return absl::CancelledError("the coordinator is stopping");
       drains_[id] = drain;
     }
@@ -591,8 +570,7 @@ absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInf
     context.resume = resume ? &*resume : nullptr;
     context.weights_only = weights_only;
     context.recovering_since = recovering_since;
-    store_->Update(id, [&](v1::JobStatus& s) { s.set_generation(context.generation); })
-        .IgnoreError();
+    store_->SetGeneration(id, context.generation).IgnoreError();
     const absl::Status result = run_(id, job->spec(), workers, cancel, &context);
     if (result.ok() || !Recoverable(result) || cancel.load() || ShuttingDown()) return result;
     auto recovered = Recover(id, result, context, &workers, cancel);
@@ -682,13 +660,7 @@ absl::StatusOr<WorkerRegistry::Clock::time_point> JobManager::Recover(
                      "; add workers and `pipemarectl resume` it, or set recovery.shrink: true"));
   }
   restart.set_stages(static_cast<int>(workers->size()));
-  store_
-      ->Update(id,
-               [&](v1::JobStatus& s) {
-                 *s.mutable_spec() = spec;
-                 *s.add_restarts() = restart;
-               })
-      .IgnoreError();
+  store_->AddRestart(id, spec, restart).IgnoreError();
   for (size_t i = 0; i < workers->size(); ++i) {
     LogInfo(
         ForStage(id, static_cast<int>(i)),

@@ -9,14 +9,14 @@
 #define PIPEMARE_COORDINATOR_JOB_MANAGER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/job_runner.h"
 #include "coordinator/job_store.h"
 #include "coordinator/worker_registry.h"
@@ -79,9 +79,9 @@ class JobManager {
   // `manifest_path`. INVALID_ARGUMENT naming from_checkpoint otherwise.
   absl::StatusOr<Manifest> ResolveFrom(const std::string& from, std::string* manifest_path);
   void SchedulerLoop();
-  bool ShuttingDown();
+  bool ShuttingDown() ABSL_LOCKS_EXCLUDED(mu_);
   void StartJob(const std::string& id, std::vector<v1::WorkerInfo> workers,
-                std::shared_ptr<std::atomic<bool>> flag);
+                std::shared_ptr<std::atomic<bool>> flag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs job `id` on `workers` to its end, recovering from lost workers as
   // its spec's recovery allows; returns how it ended.
   absl::Status RunJob(const std::string& id, std::vector<v1::WorkerInfo> workers,
@@ -101,16 +101,16 @@ class JobManager {
   const RunnerOptions options_;
   const RunOnce run_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                                             // GUARDED_BY(mu_)
-  std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancel_;  // GUARDED_BY(mu_)
-  std::map<std::string, std::thread> runners_;                        // GUARDED_BY(mu_)
-  std::map<std::string, std::shared_ptr<DrainRequest>> drains_;       // GUARDED_BY(mu_)
-  std::vector<std::thread> finished_;                                 // GUARDED_BY(mu_)
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // a job ended, or Poke
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancel_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::thread> runners_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<DrainRequest>> drains_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> finished_ ABSL_GUARDED_BY(mu_);
   // Cancelled jobs draining to a cut: when the cancel flag is set anyway.
-  std::map<std::string, std::chrono::steady_clock::time_point>
-      cancel_deadlines_;  // GUARDED_BY(mu_)
+  std::map<std::string, std::chrono::steady_clock::time_point> cancel_deadlines_
+      ABSL_GUARDED_BY(mu_);
   std::thread scheduler_;
 };
 

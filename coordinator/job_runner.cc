@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +18,7 @@
 #include "pipeline/model_plan.h"
 #include "pipeline/pipemare_math.h"
 #include "pipeline/schedule.h"
+#include "pipeline/settings.h"
 #include "pipeline/training.h"
 
 namespace pipemare {
@@ -113,9 +113,9 @@ class JobRunner::Impl {
   // Checkpoints: committed beside the feed (PlanRun makes it).
   std::unique_ptr<CutCommitter> committer_;
   std::atomic<int64_t> steps_done_{0};  // train_done_ / N, for the committer
-  std::mutex commit_mu_;
-  absl::Status commit_error_;   // the committer's; under commit_mu_
-  std::optional<Drain> drain_;  // once RunContext::drain asked for one
+  absl::Mutex commit_mu_;
+  absl::Status commit_error_ ABSL_GUARDED_BY(commit_mu_);  // the committer's
+  std::optional<Drain> drain_;                             // once RunContext::drain asked for one
 };
 
 absl::Status JobRunner::Run() {
@@ -144,13 +144,8 @@ absl::Status JobRunner::Impl::LoadStages(std::vector<v1::StageAssignment> assign
     r_.registry_->SetStage(r_.workers_[i].id(), i);
     if (resp.restored_from_memory()) ++r_.context_->restored_from_memory;
     r_.store_
-        ->Update(r_.job_id_,
-                 [&](v1::JobStatus& s) {
-                   auto* stage = s.mutable_stages(i);
-                   stage->set_parameters(resp.parameters());
-                   stage->set_restored_from_memory(resp.restored_from_memory());
-                   stage->set_analytic_delay(resp.analytic_delay());
-                 })
+        ->SetStageLoaded(r_.job_id_, i, resp.parameters(), resp.restored_from_memory(),
+                         resp.analytic_delay())
         .IgnoreError();
   }
   return absl::OkStatus();
@@ -185,14 +180,7 @@ void JobRunner::Impl::Handle(const FeedEvent& e) {
       const double seconds =
           std::chrono::duration<double>(Clock::now() - r_.context_->recovering_since).count();
       r_.context_->recovering_since = Clock::time_point();
-      r_.store_
-          ->Update(r_.job_id_,
-                   [&](v1::JobStatus& s) {
-                     if (!s.restarts().empty()) {
-                       s.mutable_restarts()->rbegin()->set_recover_seconds(seconds);
-                     }
-                   })
-          .IgnoreError();
+      r_.store_->SetRecoverSeconds(r_.job_id_, seconds).IgnoreError();
       LogInfo(ForJob(r_.job_id_), absl::StrCat("recovered: first step trained ", seconds,
                                                " s after the failure was detected"));
     }
@@ -211,7 +199,7 @@ absl::Status JobRunner::Impl::WaitUntil(const std::function<bool()>& done) {
   while (!done()) {
     if (r_.cancel_->load()) return absl::CancelledError("cancelled by the user");
     {
-      std::lock_guard<std::mutex> lock(commit_mu_);
+      absl::MutexLock lock(&commit_mu_);
       if (!commit_error_.ok()) return commit_error_;
     }
     if (std::optional<FeedEvent> e = feeds_->Next(std::chrono::milliseconds(200))) {
@@ -275,17 +263,7 @@ void JobRunner::Impl::PollStages() {
   for (int i = 0; i < P_; ++i) {
     v1::StageStatusResponse resp;
     if (!stages_->Status(i, committed_step(), &resp).ok()) continue;
-    r_.store_
-        ->Update(r_.job_id_,
-                 [&](v1::JobStatus& s) {
-                   s.mutable_stages(i)->set_measured_delay(resp.measured_delay());
-                   s.mutable_stages(i)->set_learning_rate(resp.learning_rate());
-                   *s.mutable_stages(i)->mutable_memory() = resp.memory();
-                   *s.mutable_stages(i)->mutable_peak_memory() = resp.peak_memory();
-                   s.mutable_stages(i)->set_async_from_step(resp.async_from_step());
-                   s.mutable_stages(i)->set_nonfinite_skipped(resp.nonfinite_skipped());
-                 })
-        .IgnoreError();
+    r_.store_->UpdateStageLive(r_.job_id_, i, resp).IgnoreError();
   }
 }
 
@@ -308,7 +286,7 @@ absl::Status JobRunner::Impl::Run() {
   committer_->Start([this] { return steps_done_.load(); },
                     [this](absl::Status st) {
                       {
-                        std::lock_guard<std::mutex> lock(commit_mu_);
+                        absl::MutexLock lock(&commit_mu_);
                         commit_error_ = std::move(st);
                       }
                       feeds_->Wake();
@@ -357,31 +335,26 @@ absl::StatusOr<std::vector<v1::StageAssignment>> JobRunner::Impl::PlanRun() {
           absl::StrCat("data: ", data_.info.description,
                        data_.normalisation.empty() ? "" : "; normalised ", data_.normalisation));
   std::string summary;
+  std::vector<v1::StageStatus> stages(P_);
+  for (int i = 0; i < P_; ++i) {
+    const StageRange& r = run->ranges[i];
+    v1::StageStatus& st = stages[i];
+    st.set_index(i);
+    st.set_worker_id(r_.workers_[i].id());
+    st.set_worker_address(r_.workers_[i].address());
+    st.set_first_unit(r.first_unit);
+    st.set_units(r.units);
+    st.set_parameters(static_cast<int64_t>(run->stage_parameters[i]));
+    const bool timed = !run->predicted_seconds.empty();
+    if (timed) st.set_predicted_seconds(run->predicted_seconds[i]);
+    st.set_bottleneck(i == run->bottleneck);
+    absl::StrAppend(
+        &summary, i ? ", " : "", "[", r.first_unit, ",", r.first_unit + r.units, ")",
+        timed ? absl::StrCat(" ", std::round(run->predicted_seconds[i] * 1e4) / 10, " ms") : "");
+  }
   r_.store_
-      ->Update(
-          r_.job_id_,
-          [&](v1::JobStatus& s) {
-            s.set_task(lm_ ? "language_model" : "classification");
-            s.set_partition(run->partition);
-            s.clear_stages();
-            for (int i = 0; i < P_; ++i) {
-              const StageRange& r = run->ranges[i];
-              auto* st = s.add_stages();
-              st->set_index(i);
-              st->set_worker_id(r_.workers_[i].id());
-              st->set_worker_address(r_.workers_[i].address());
-              st->set_first_unit(r.first_unit);
-              st->set_units(r.units);
-              st->set_parameters(static_cast<int64_t>(run->stage_parameters[i]));
-              const bool timed = !run->predicted_seconds.empty();
-              if (timed) st->set_predicted_seconds(run->predicted_seconds[i]);
-              st->set_bottleneck(i == run->bottleneck);
-              absl::StrAppend(
-                  &summary, i ? ", " : "", "[", r.first_unit, ",", r.first_unit + r.units, ")",
-                  timed ? absl::StrCat(" ", std::round(run->predicted_seconds[i] * 1e4) / 10, " ms")
-                        : "");
-            }
-          })
+      ->SetPlan(r_.job_id_, TaskName(lm_ ? Task::kLanguageModel : Task::kClassification),
+                run->partition, stages)
       .IgnoreError();
   LogInfo(ForJob(r_.job_id_),
           absl::StrCat("partition ", run->partition, " of ",
@@ -400,7 +373,7 @@ absl::Status JobRunner::Impl::ApplyResume(std::vector<v1::StageAssignment>& assi
   const Manifest* resume = r_.context_->resume;
   if (resume == nullptr || r_.context_->weights_only) {
     // A first run, or one run again from its first step: no old results.
-    r_.store_->Update(r_.job_id_, [](v1::JobStatus& s) { s.clear_epochs(); }).IgnoreError();
+    r_.store_->ClearEpochs(r_.job_id_).IgnoreError();
   }
   if (resume == nullptr) return absl::OkStatus();
   if (r_.context_->weights_only) {
@@ -422,25 +395,13 @@ absl::Status JobRunner::Impl::ApplyResume(std::vector<v1::StageAssignment>& assi
           absl::StrCat("resuming from the checkpoint at step ", resume->step, " (microbatch ",
                        resume->microbatch, ", epoch ", resume->epoch, ", example ",
                        resume->index_in_epoch, " of its order)"));
-  int32_t committed = 0;  // cuts the job committed so far
-  r_.store_
-      ->Update(r_.job_id_,
-               [&](v1::JobStatus& s) {
-                 s.set_resumed_from_step(resume->step);
-                 committed = s.checkpoint().committed();
-                 // Results after the cut are trained again. The epoch the cut
-                 // falls in is trained only from the cut on: what an earlier
-                 // run measured of it stands for the part before the cut.
-                 auto* epochs = s.mutable_epochs();
-                 while (!epochs->empty() && epochs->rbegin()->epoch() >= resume->epoch) {
-                   if (epochs->rbegin()->epoch() == resume->epoch) {
-                     cut_epoch_before_ = *epochs->rbegin();
-                   }
-                   epochs->RemoveLast();
-                 }
-               })
-      .IgnoreError();
-  committer_->ResumeAt(resume->step, committed);
+  // Results after the cut are trained again. The epoch the cut falls in is
+  // trained only from the cut on: what an earlier run measured of it stands
+  // for the part before the cut.
+  auto rewound = r_.store_->RewindTo(r_.job_id_, resume->step, resume->epoch);
+  if (!rewound.ok()) return rewound.status();
+  cut_epoch_before_ = rewound->cut_epoch;
+  committer_->ResumeAt(resume->step, rewound->committed);
   for (auto& a : assignments) a.set_start_step(resume->step);
   AddRestoreFiles(*resume, assignments);
   return absl::OkStatus();
@@ -450,14 +411,7 @@ absl::Status JobRunner::Impl::LoadRun(std::vector<v1::StageAssignment> assignmen
   absl::Status st = LoadStages(std::move(assignments));
   if (st.ok() && r_.context_->recovering_since != Clock::time_point()) {
     const int from_memory = r_.context_->restored_from_memory;
-    r_.store_
-        ->Update(r_.job_id_,
-                 [&](v1::JobStatus& s) {
-                   if (!s.restarts().empty()) {
-                     s.mutable_restarts()->rbegin()->set_restored_from_memory(from_memory);
-                   }
-                 })
-        .IgnoreError();
+    r_.store_->SetRestoredFromMemory(r_.job_id_, from_memory).IgnoreError();
   }
   if (!st.ok()) return st;
   // Sends queue behind at most the in-flight window.
@@ -540,23 +494,14 @@ absl::Status JobRunner::Impl::EvaluateEpoch() {
     seconds += before * cut_epoch_before_->seconds();
   }
   cut_epoch_before_.reset();
-  r_.store_
-      ->Update(r_.job_id_,
-               [&](v1::JobStatus& s) {
-                 auto* e = s.add_epochs();
-                 e->set_epoch(epoch_);
-                 e->set_train_loss(epoch_train_loss);
-                 e->set_test_loss(test_loss);
-                 e->set_test_accuracy(accuracy);
-                 e->set_seconds(seconds);
-                 s.mutable_metrics()->set_test_accuracy(accuracy);
-                 s.mutable_metrics()->set_test_loss(test_loss);
-                 if (lm_) {
-                   e->set_test_perplexity(perplexity);
-                   s.mutable_metrics()->set_test_perplexity(perplexity);
-                 }
-               })
-      .IgnoreError();
+  v1::EpochResult result;
+  result.set_epoch(epoch_);
+  result.set_train_loss(epoch_train_loss);
+  result.set_test_loss(test_loss);
+  result.set_test_accuracy(accuracy);
+  result.set_seconds(seconds);
+  if (lm_) result.set_test_perplexity(perplexity);
+  r_.store_->AddEpoch(r_.job_id_, result).IgnoreError();
   LogInfo(ForJob(r_.job_id_),
           absl::StrCat("epoch ", epoch_, ": train loss ", epoch_train_loss, ", test loss ",
                        test_loss, lm_ ? ", test token accuracy " : ", test accuracy ", accuracy,

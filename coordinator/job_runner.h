@@ -11,12 +11,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/job_store.h"
 #include "coordinator/worker_registry.h"
 #include "pipeline/checkpoint.h"
@@ -56,7 +57,7 @@ class DrainRequest {
   // naming it, and the job recovers without it); -1: the coordinator stops
   // (the run ends CANCELLED and the job stays RUNNING for the next one).
   void Request(std::string why, int stage) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (requested_) return;  // the first reason stands
     why_ = std::move(why);
     stage_ = stage;
@@ -64,15 +65,15 @@ class DrainRequest {
   }
   bool requested() const { return requested_.load(); }
   std::pair<std::string, int> reason() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return {why_, stage_};
   }
 
  private:
   std::atomic<bool> requested_{false};
-  mutable std::mutex mu_;
-  std::string why_;  // GUARDED_BY(mu_)
-  int stage_ = -1;   // GUARDED_BY(mu_)
+  mutable absl::Mutex mu_;
+  std::string why_ ABSL_GUARDED_BY(mu_);
+  int stage_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 // One run of a job: which generation it is, where it starts, and what it

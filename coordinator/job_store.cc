@@ -97,6 +97,7 @@ void JobStore::Reload(v1::JobStatus& status) {
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& state_dir) {
   namespace fs = std::filesystem;
   auto store = std::make_unique<JobStore>();
+  absl::MutexLock lock(&store->mu_);  // nobody else has it yet; the analysis wants it held
   std::error_code ec;
   fs::create_directories(state_dir, ec);
   if (ec) {
@@ -184,7 +185,6 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& stat
     loaded.push_back(std::move(status));
   }
   sqlite3_finalize(select);
-  std::lock_guard<std::mutex> lock(store->mu_);
   for (auto& status : loaded) {
     Reload(status);
     store->next_id_ = std::max(store->next_id_, IdNumber(status.id()) + 1);
@@ -224,7 +224,7 @@ void JobStore::Persist(const v1::JobStatus& status) {
 }
 
 void JobStore::SaveWorker(const v1::WorkerInfo& info, const std::string& instance_id, bool forget) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (db_ == nullptr) return;
   sqlite3_stmt* stmt = nullptr;
   int rc = sqlite3_prepare_v2(db_,
@@ -253,7 +253,7 @@ void JobStore::SaveWorker(const v1::WorkerInfo& info, const std::string& instanc
 }
 
 std::vector<std::pair<v1::WorkerInfo, std::string>> JobStore::Workers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<std::pair<v1::WorkerInfo, std::string>> workers;
   if (db_ == nullptr) return workers;
   sqlite3_stmt* select = nullptr;
@@ -280,7 +280,7 @@ std::vector<std::pair<v1::WorkerInfo, std::string>> JobStore::Workers() const {
 }
 
 v1::JobStatus JobStore::Create(const v1::JobSpec& spec) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   v1::JobStatus s;
   s.set_id(absl::StrCat("job-", next_id_++));
   s.set_name(spec.name());
@@ -289,22 +289,21 @@ v1::JobStatus JobStore::Create(const v1::JobSpec& spec) {
   *s.mutable_spec() = spec;
   s.mutable_progress()->set_epochs(spec.train().epochs());
   s.set_submitted_unix_ms(NowUnixMs());
-  jobs_[s.id()] = Entry{s, 1};
+  Entry& e = jobs_[s.id()] = Entry{s, 0};
   Persist(s);
-  ++changes_;
-  cv_.notify_all();
+  Changed(e);
   return s;
 }
 
 absl::StatusOr<v1::JobStatus> JobStore::Get(const std::string& id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   return it->second.status;
 }
 
 std::vector<v1::JobStatus> JobStore::List() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<v1::JobStatus> out;
   for (const auto& [id, e] : jobs_) out.push_back(e.status);
   std::sort(out.begin(), out.end(), [](const v1::JobStatus& a, const v1::JobStatus& b) {
@@ -323,7 +322,7 @@ std::vector<std::string> JobStore::Pending() const {
 
 absl::Status JobStore::UpdateState(const std::string& id, v1::JobState state,
                                    const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   v1::JobStatus& s = it->second.status;
@@ -341,44 +340,164 @@ absl::Status JobStore::UpdateState(const std::string& id, v1::JobState state,
   if (state == v1::RUNNING && s.started_unix_ms() == 0) s.set_started_unix_ms(NowUnixMs());
   if (IsTerminal(state)) s.set_finished_unix_ms(NowUnixMs());
   if (state == v1::PENDING) s.set_finished_unix_ms(0);  // resumed
-  ++it->second.version;
   Persist(s);
-  ++changes_;
-  cv_.notify_all();
+  Changed(it->second);
   return absl::OkStatus();
 }
 
-absl::Status JobStore::Update(const std::string& id,
+void JobStore::Changed(Entry& e) {
+  ++e.version;
+  ++changes_;
+}
+
+absl::Status JobStore::Mutate(const std::string& id, bool durable,
                               const std::function<void(v1::JobStatus&)>& fn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  const v1::JobState state = it->second.status.state();
-  fn(it->second.status);
-  it->second.status.set_state(state);
-  ++it->second.version;
-  Persist(it->second.status);
-  ++changes_;
-  cv_.notify_all();
+  v1::JobStatus& s = it->second.status;
+  const v1::JobState state = s.state();
+  fn(s);
+  s.set_state(state);  // only UpdateState moves a job
+  if (durable) Persist(s);
+  Changed(it->second);
   return absl::OkStatus();
+}
+
+absl::Status JobStore::SetOrigin(const std::string& id, const std::string& from_checkpoint,
+                                 const std::string& init_from, const std::string& submitted_by) {
+  return Mutate(id, true, [&](v1::JobStatus& s) {
+    s.set_from_checkpoint(from_checkpoint);
+    s.set_init_from(init_from);
+    s.set_submitted_by(submitted_by);
+  });
+}
+
+absl::Status JobStore::SetReason(const std::string& id, const std::string& reason) {
+  return Mutate(id, true, [&](v1::JobStatus& s) { s.set_reason(reason); });
+}
+
+absl::Status JobStore::MarkResumed(const std::string& id, int64_t from_step) {
+  return Mutate(id, true, [&](v1::JobStatus& s) {
+    s.set_resumes(s.resumes() + 1);
+    s.mutable_progress()->set_step(from_step);
+  });
+}
+
+absl::Status JobStore::AddSkippedCuts(const std::string& id, int n) {
+  return Mutate(id, true, [&](v1::JobStatus& s) {
+    s.mutable_checkpoint()->set_skipped(s.checkpoint().skipped() + n);
+  });
+}
+
+absl::Status JobStore::SetGeneration(const std::string& id, int64_t generation) {
+  return Mutate(id, true, [&](v1::JobStatus& s) { s.set_generation(generation); });
+}
+
+absl::Status JobStore::AddRestart(const std::string& id, const v1::JobSpec& spec,
+                                  const v1::Restart& restart) {
+  return Mutate(id, true, [&](v1::JobStatus& s) {
+    *s.mutable_spec() = spec;
+    *s.add_restarts() = restart;
+  });
+}
+
+absl::Status JobStore::SetRecoverSeconds(const std::string& id, double seconds) {
+  return Mutate(id, true, [&](v1::JobStatus& s) {
+    if (!s.restarts().empty()) s.mutable_restarts()->rbegin()->set_recover_seconds(seconds);
+  });
+}
+
+absl::Status JobStore::SetRestoredFromMemory(const std::string& id, int stages) {
+  return Mutate(id, true, [&](v1::JobStatus& s) {
+    if (!s.restarts().empty()) s.mutable_restarts()->rbegin()->set_restored_from_memory(stages);
+  });
+}
+
+absl::Status JobStore::SetPlan(const std::string& id, const std::string& task,
+                               const std::string& partition,
+                               const std::vector<v1::StageStatus>& stages) {
+  return Mutate(id, true, [&](v1::JobStatus& s) {
+    s.set_task(task);
+    s.set_partition(partition);
+    s.mutable_stages()->Assign(stages.begin(), stages.end());
+  });
+}
+
+absl::Status JobStore::SetStageLoaded(const std::string& id, int stage, int64_t parameters,
+                                      bool restored_from_memory, double analytic_delay) {
+  return Mutate(id, true, [&](v1::JobStatus& s) {
+    if (stage < 0 || stage >= s.stages_size()) return;
+    v1::StageStatus* st = s.mutable_stages(stage);
+    st->set_parameters(parameters);
+    st->set_restored_from_memory(restored_from_memory);
+    st->set_analytic_delay(analytic_delay);
+  });
+}
+
+absl::Status JobStore::SetCheckpoint(const std::string& id, int64_t step,
+                                     const std::string& manifest, int32_t committed) {
+  return Mutate(id, true, [&](v1::JobStatus& s) {
+    s.mutable_checkpoint()->set_step(step);
+    s.mutable_checkpoint()->set_manifest(manifest);
+    s.mutable_checkpoint()->set_committed(committed);
+  });
+}
+
+absl::Status JobStore::ClearEpochs(const std::string& id) {
+  return Mutate(id, true, [](v1::JobStatus& s) { s.clear_epochs(); });
+}
+
+absl::StatusOr<JobStore::Rewound> JobStore::RewindTo(const std::string& id, int64_t step,
+                                                     int epoch) {
+  Rewound out;
+  absl::Status st = Mutate(id, true, [&](v1::JobStatus& s) {
+    s.set_resumed_from_step(step);
+    out.committed = s.checkpoint().committed();
+    auto* epochs = s.mutable_epochs();
+    while (!epochs->empty() && epochs->rbegin()->epoch() >= epoch) {
+      if (epochs->rbegin()->epoch() == epoch) out.cut_epoch = *epochs->rbegin();
+      epochs->RemoveLast();
+    }
+  });
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::Status JobStore::AddEpoch(const std::string& id, const v1::EpochResult& epoch) {
+  return Mutate(id, true, [&](v1::JobStatus& s) {
+    *s.add_epochs() = epoch;
+    s.mutable_metrics()->set_test_accuracy(epoch.test_accuracy());
+    s.mutable_metrics()->set_test_loss(epoch.test_loss());
+    if (epoch.test_perplexity() != 0) {
+      s.mutable_metrics()->set_test_perplexity(epoch.test_perplexity());
+    }
+  });
 }
 
 absl::Status JobStore::UpdateProgress(
     const std::string& id, const std::function<void(v1::JobProgress&, v1::JobMetrics&)>& fn) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  v1::JobStatus& s = it->second.status;
-  fn(*s.mutable_progress(), *s.mutable_metrics());
-  ++it->second.version;
-  ++changes_;
-  cv_.notify_all();
-  return absl::OkStatus();
+  return Mutate(id, false,
+                [&](v1::JobStatus& s) { fn(*s.mutable_progress(), *s.mutable_metrics()); });
+}
+
+absl::Status JobStore::UpdateStageLive(const std::string& id, int stage,
+                                       const v1::StageStatusResponse& live) {
+  return Mutate(id, false, [&](v1::JobStatus& s) {
+    if (stage < 0 || stage >= s.stages_size()) return;
+    v1::StageStatus* st = s.mutable_stages(stage);
+    st->set_measured_delay(live.measured_delay());
+    st->set_learning_rate(live.learning_rate());
+    *st->mutable_memory() = live.memory();
+    *st->mutable_peak_memory() = live.peak_memory();
+    st->set_async_from_step(live.async_from_step());
+    st->set_nonfinite_skipped(live.nonfinite_skipped());
+  });
 }
 
 uint64_t JobStore::VersionIfNewer(const std::string& id, uint64_t known,
                                   v1::JobStatus* status) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return 0;
   if (it->second.version > known) *status = it->second.status;
@@ -386,17 +505,20 @@ uint64_t JobStore::VersionIfNewer(const std::string& id, uint64_t known,
 }
 
 uint64_t JobStore::WaitForAnyChange(uint64_t seen, std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return changes_ != seen; });
+  absl::MutexLock lock(&mu_);
+  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return changes_ != seen; };
+  mu_.AwaitWithTimeout(absl::Condition(&changed), absl::FromChrono(timeout));
   return changes_;
 }
 
 absl::StatusOr<v1::JobStatus> JobStore::WaitForChange(const std::string& id, uint64_t* version,
                                                       std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  cv_.wait_for(lock, timeout, [&] { return it->second.version != *version; });
+  auto changed = [&]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return it->second.version != *version; };
+  mu_.AwaitWithTimeout(absl::Condition(&changed), absl::FromChrono(timeout));
   *version = it->second.version;
   return it->second.status;
 }

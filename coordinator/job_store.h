@@ -5,6 +5,13 @@
 // was running. Each row holds the job's whole status as JSON: its spec,
 // state, stages and their workers, and its newest checkpoint's manifest.
 //
+// The record has two parts. The durable one (state, spec, origin, plan and
+// stages, checkpoint, restarts, epochs) changes only through the named
+// mutators below, each one transaction. The volatile one (progress, live
+// metrics, each stage's live figures) changes in memory only: watchers see
+// it at once and nothing waits on the disk; it reaches the disk with the
+// job's next durable change.
+//
 // Job lifecycle (UpdateState is its only mutator; CanMove is its table; see
 // JobState in the proto):
 //   PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED;  PENDING -> CANCELLED;
@@ -16,15 +23,16 @@
 #define PIPEMARE_COORDINATOR_JOB_STORE_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 struct sqlite3;
@@ -61,14 +69,58 @@ class JobStore {
   // Moves a job along its lifecycle; refuses a move CanMove does not allow
   // (FAILED_PRECONDITION). Stamps start/finish times.
   absl::Status UpdateState(const std::string& id, v1::JobState state, const std::string& reason);
-  // Changes anything but the state (progress, metrics, stages), durably.
-  absl::Status Update(const std::string& id, const std::function<void(v1::JobStatus&)>& fn);
-  // Changes a running job's progress and live metrics only, in memory:
-  // watchers see it at once and nothing waits on the disk (a runner
-  // publishes every 250 ms). It reaches the disk with the job's next durable
-  // change; after a crash the resumed run publishes it again.
+
+  // Durable changes, one per thing that happens to a job. NOT_FOUND for an
+  // unknown id.
+  //
+  // Where it came from (submit --from / --init-from) and who submitted it.
+  absl::Status SetOrigin(const std::string& id, const std::string& from_checkpoint,
+                         const std::string& init_from, const std::string& submitted_by);
+  absl::Status SetReason(const std::string& id, const std::string& reason);
+  // `resume`: one more resume, continuing from `from_step`.
+  absl::Status MarkResumed(const std::string& id, int64_t from_step);
+  // Cuts found damaged and passed over when choosing where to resume.
+  absl::Status AddSkippedCuts(const std::string& id, int n);
+  // The run's generation (fences stale workers' writes).
+  absl::Status SetGeneration(const std::string& id, int64_t generation);
+  // A recovery: the spec it runs on from now (stages may have shrunk) and
+  // the restart's record.
+  absl::Status AddRestart(const std::string& id, const v1::JobSpec& spec,
+                          const v1::Restart& restart);
+  // The newest restart's figures once known.
+  absl::Status SetRecoverSeconds(const std::string& id, double seconds);
+  absl::Status SetRestoredFromMemory(const std::string& id, int stages);
+  // A run's plan: its task, partition and stages (replacing any before).
+  absl::Status SetPlan(const std::string& id, const std::string& task, const std::string& partition,
+                       const std::vector<v1::StageStatus>& stages);
+  // What stage `stage`'s worker reported when it loaded.
+  absl::Status SetStageLoaded(const std::string& id, int stage, int64_t parameters,
+                              bool restored_from_memory, double analytic_delay);
+  // A committed cut: the newest checkpoint and how many the job has committed.
+  absl::Status SetCheckpoint(const std::string& id, int64_t step, const std::string& manifest,
+                             int32_t committed);
+  absl::Status ClearEpochs(const std::string& id);
+  // A run resuming at the cut at `step` in `epoch`: drops the results of
+  // `epoch` and after (they are trained again).
+  struct Rewound {
+    int32_t committed = 0;  // cuts the job committed so far
+    // What an earlier run measured of `epoch` (it stands for the part of
+    // the epoch before the cut), if any.
+    std::optional<v1::EpochResult> cut_epoch;
+  };
+  absl::StatusOr<Rewound> RewindTo(const std::string& id, int64_t step, int epoch);
+  // An epoch's results; its test figures become the job's metrics.
+  absl::Status AddEpoch(const std::string& id, const v1::EpochResult& epoch);
+
+  // Volatile changes (in memory; see above).
+  //
+  // A running job's progress and live metrics (a runner publishes every
+  // 250 ms); after a crash the resumed run publishes them again.
   absl::Status UpdateProgress(const std::string& id,
                               const std::function<void(v1::JobProgress&, v1::JobMetrics&)>& fn);
+  // Stage `stage`'s live figures, as its worker reports them.
+  absl::Status UpdateStageLive(const std::string& id, int stage,
+                               const v1::StageStatusResponse& live);
 
   // Blocks until job `id`'s version differs from `*version` or `timeout`
   // passes; then sets *version and returns the status.
@@ -92,20 +144,25 @@ class JobStore {
     v1::JobStatus status;
     uint64_t version = 1;
   };
-  // Writes the job's row in one transaction (REQUIRES: mu_ held). A failed
-  // write is logged and counted; the job goes on in memory.
-  void Persist(const v1::JobStatus& status);
+  // Applies `fn` to job `id`'s record (never its state) and, when
+  // `durable`, writes it: the one path of every mutator but UpdateState.
+  absl::Status Mutate(const std::string& id, bool durable,
+                      const std::function<void(v1::JobStatus&)>& fn);
+  // Writes the job's row in one transaction. A failed write is logged; the
+  // job goes on in memory.
+  void Persist(const v1::JobStatus& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A change is visible: wakes every waiter.
+  void Changed(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves a job the previous coordinator was running back to PENDING.
   static void Reload(v1::JobStatus& status);
 
   std::string db_path_;
-  ::sqlite3* db_ = nullptr;  // null: memory only
-  int lock_fd_ = -1;         // --state-dir/coordinator.lock, flock'ed while open
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::map<std::string, Entry> jobs_;  // GUARDED_BY(mu_)
-  uint64_t changes_ = 0;               // every job's changes; GUARDED_BY(mu_)
-  int64_t next_id_ = 1;
+  int lock_fd_ = -1;  // --state-dir/coordinator.lock, flock'ed while open
+  mutable absl::Mutex mu_;
+  ::sqlite3* db_ ABSL_GUARDED_BY(mu_) = nullptr;  // null: memory only
+  std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // every job's changes
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace pipemare

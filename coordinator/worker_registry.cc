@@ -29,7 +29,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
         "served: a job_id of at most 128 bytes with a stage >= 0 and at most 64 cut_steps, or "
         "empty");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::string id;
   for (auto it = workers_.begin(); it != workers_.end();) {
     Entry& e = it->second;
@@ -64,7 +64,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   e.info.set_threads(request.threads());
   e.info.set_metrics_address(request.metrics_address());
   *e.info.mutable_served() = served;
-  e.info.set_state(v1::IDLE);
+  SetState(e, v1::IDLE);
   e.info.clear_job_id();
   e.info.set_stage(-1);
   e.info.set_last_heartbeat_unix_ms(UnixMs());
@@ -75,7 +75,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
 
 int WorkerRegistry::PersistIn(JobStore* store) {
   const auto saved = store->Workers();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   int known = 0;
   for (const auto& [info, instance] : saved) {
     int64_t number = 0;
@@ -85,7 +85,7 @@ int WorkerRegistry::PersistIn(JobStore* store) {
     }
     Entry& e = workers_[info.id()];
     e.info = info;
-    e.info.set_state(v1::LOST);
+    SetState(e, v1::LOST);
     e.info.clear_job_id();
     e.info.set_stage(-1);
     e.instance_id = instance;
@@ -97,6 +97,8 @@ int WorkerRegistry::PersistIn(JobStore* store) {
   store_ = store;
   return known;
 }
+
+void WorkerRegistry::SetState(Entry& e, v1::WorkerState to) { e.info.set_state(to); }
 
 WorkerRegistry::Entry* WorkerRegistry::FindLive(const std::string& worker_id,
                                                 const std::string& instance_id) {
@@ -110,7 +112,7 @@ WorkerRegistry::Entry* WorkerRegistry::FindLive(const std::string& worker_id,
 
 absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id,
                                        const std::string& instance_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Entry* e = FindLive(worker_id, instance_id);
   if (e == nullptr) {
     return absl::NotFoundError(
@@ -122,12 +124,12 @@ absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id,
 }
 
 int WorkerRegistry::MarkLost() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   int lost = 0;
   const auto now = Clock::now();
   for (auto& [id, e] : workers_) {
     if (e.info.state() != v1::LOST && now - e.last_heartbeat > timeout_) {
-      e.info.set_state(v1::LOST);
+      SetState(e, v1::LOST);
       ++heartbeat_misses_;
       ++lost;
     }
@@ -136,12 +138,12 @@ int WorkerRegistry::MarkLost() {
 }
 
 int64_t WorkerRegistry::HeartbeatMisses() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return heartbeat_misses_;
 }
 
 std::vector<v1::WorkerInfo> WorkerRegistry::List() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<const Entry*> entries;
   for (const auto& [id, e] : workers_) entries.push_back(&e);
   std::sort(entries.begin(), entries.end(),
@@ -152,7 +154,7 @@ std::vector<v1::WorkerInfo> WorkerRegistry::List() const {
 }
 
 int WorkerRegistry::IdleCount() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   int n = 0;
   for (const auto& [id, e] : workers_) n += e.info.state() == v1::IDLE && !e.leaving;
   return n;
@@ -160,7 +162,7 @@ int WorkerRegistry::IdleCount() const {
 
 std::optional<std::vector<v1::WorkerInfo>> WorkerRegistry::Acquire(int n,
                                                                    const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<Entry*> idle;
   for (auto& [id, e] : workers_) {
     if (e.info.state() == v1::IDLE && !e.leaving) idle.push_back(&e);
@@ -185,7 +187,7 @@ std::optional<std::vector<v1::WorkerInfo>> WorkerRegistry::Acquire(int n,
   }
   std::vector<v1::WorkerInfo> out;
   for (Entry* e : slots) {
-    e->info.set_state(v1::BUSY);
+    SetState(*e, v1::BUSY);
     e->info.set_job_id(job_id);
     // Loading another job's stage drops the cuts it kept in memory.
     if (e->info.served().job_id() != job_id) e->info.clear_served();
@@ -195,13 +197,13 @@ std::optional<std::vector<v1::WorkerInfo>> WorkerRegistry::Acquire(int n,
 }
 
 void WorkerRegistry::SetStage(const std::string& worker_id, int stage) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it != workers_.end()) it->second.info.set_stage(stage);
 }
 
 void WorkerRegistry::Release(const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& [id, e] : workers_) {
     if (e.info.job_id() != job_id) continue;
     if (e.info.stage() >= 0) {  // the worker keeps that stage's cuts in memory
@@ -212,39 +214,39 @@ void WorkerRegistry::Release(const std::string& job_id) {
     }
     e.info.clear_job_id();
     e.info.set_stage(-1);
-    if (e.info.state() == v1::BUSY) e.info.set_state(e.leaving ? v1::LOST : v1::IDLE);
+    if (e.info.state() == v1::BUSY) SetState(e, e.leaving ? v1::LOST : v1::IDLE);
   }
 }
 
 absl::StatusOr<v1::WorkerInfo> WorkerRegistry::MarkLeaving(const std::string& worker_id,
                                                            const std::string& instance_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Entry* e = FindLive(worker_id, instance_id);
   if (e == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("worker_id: '", worker_id, "' is not a live registered worker"));
   }
   e->leaving = true;
-  if (e->info.state() == v1::IDLE) e->info.set_state(v1::LOST);
+  if (e->info.state() == v1::IDLE) SetState(*e, v1::LOST);
   return e->info;
 }
 
 bool WorkerRegistry::IsLost(const std::string& worker_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   return it == workers_.end() || it->second.info.state() == v1::LOST;
 }
 
 void WorkerRegistry::MarkUnreachable(const std::string& worker_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.info.state() == v1::LOST) return;
-  it->second.info.set_state(v1::LOST);
+  SetState(it->second, v1::LOST);
   ++unreachable_;
 }
 
 int64_t WorkerRegistry::Unreachable() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return unreachable_;
 }
 

@@ -17,12 +17,13 @@
 #include <chrono>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
@@ -86,16 +87,20 @@ class WorkerRegistry {
     bool leaving = false;  // MarkLeaving
   };
   // The entry of a registered, not LOST worker (of that instance, unless
-  // `instance_id` is empty), or null. REQUIRES: mu_ held.
-  Entry* FindLive(const std::string& worker_id, const std::string& instance_id);
+  // `instance_id` is empty), or null.
+  Entry* FindLive(const std::string& worker_id, const std::string& instance_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The one place a worker's state changes (IDLE, BUSY, LOST): every
+  // transition in the diagram above goes through it.
+  void SetState(Entry& e, v1::WorkerState to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::chrono::milliseconds timeout_;
-  mutable std::mutex mu_;
-  std::map<std::string, Entry> workers_;  // GUARDED_BY(mu_)
-  int64_t heartbeat_misses_ = 0;          // GUARDED_BY(mu_)
-  int64_t unreachable_ = 0;               // GUARDED_BY(mu_)
-  int64_t next_id_ = 1;
-  JobStore* store_ = nullptr;  // PersistIn's; written under mu_
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
+  int64_t heartbeat_misses_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t unreachable_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  JobStore* store_ ABSL_GUARDED_BY(mu_) = nullptr;  // PersistIn's
 };
 
 }  // namespace pipemare

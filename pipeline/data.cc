@@ -17,13 +17,13 @@
 #include "absl/strings/str_join.h"
 #include "pipeline/file_access.h"
 #include "pipeline/mnist.h"
+#include "pipeline/settings.h"
 
 namespace pipemare {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kTypes = "idx, mnist, cifar, text";
 constexpr const char* kCifarLayout =
     "data_batch_1.bin .. data_batch_5.bin and test_batch.bin (CIFAR-10's binary version, "
     "cifar-10-binary.tar.gz)";
@@ -141,7 +141,7 @@ absl::StatusOr<Data> LoadIdxData(const v1::DataSpec& d) {
       IdxDataInfo(d, ds->train.rows, ds->train.cols, ds->classes, ds->train.count, ds->test.count);
   const Normalisation n = ds->normalisation;
   out.channels = {n};
-  if (d.type() == "mnist") {
+  if (DataKindOf(d.type()) == DataKind::kMnist) {
     out.normalisation = absl::StrCat("mean ", n.mean, " std ", n.std, " (MNIST's)");
   } else if (n.mean == 0 && n.std == 1) {
     out.normalisation = "none (pixel / 255)";
@@ -508,11 +508,6 @@ absl::StatusOr<Data> LoadText(const v1::DataSpec& d) {
   return out;
 }
 
-absl::Status UnknownType(const v1::DataSpec& d) {
-  if (d.type().empty()) return Invalid("data.type", absl::StrCat("required; allowed: ", kTypes));
-  return Invalid("data.type", absl::StrCat("'", d.type(), "' is not allowed; allowed: ", kTypes));
-}
-
 }  // namespace
 
 int64_t Examples::InputSize() const {
@@ -528,17 +523,33 @@ int64_t Examples::TargetSize() const {
 }
 
 absl::StatusOr<DataInfo> InspectData(const v1::DataSpec& d) {
-  if (d.type() == "idx" || d.type() == "mnist") return InspectIdxData(d);
-  if (d.type() == "cifar") return InspectCifar(d);
-  if (d.type() == "text") return InspectText(d);
-  return UnknownType(d);
+  auto kind = ParseDataKind(d.type());
+  if (!kind.ok()) return kind.status();
+  switch (*kind) {
+    case DataKind::kIdx:
+    case DataKind::kMnist:
+      return InspectIdxData(d);
+    case DataKind::kCifar:
+      return InspectCifar(d);
+    case DataKind::kText:
+      return InspectText(d);
+  }
+  return absl::InternalError("data.type: unhandled");
 }
 
 absl::StatusOr<Data> LoadData(const v1::DataSpec& d) {
-  if (d.type() == "idx" || d.type() == "mnist") return LoadIdxData(d);
-  if (d.type() == "cifar") return LoadCifar(d);
-  if (d.type() == "text") return LoadText(d);
-  return UnknownType(d);
+  auto kind = ParseDataKind(d.type());
+  if (!kind.ok()) return kind.status();
+  switch (*kind) {
+    case DataKind::kIdx:
+    case DataKind::kMnist:
+      return LoadIdxData(d);
+    case DataKind::kCifar:
+      return LoadCifar(d);
+    case DataKind::kText:
+      return LoadText(d);
+  }
+  return absl::InternalError("data.type: unhandled");
 }
 
 }  // namespace pipemare

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/mnist.h"
+#include "pipeline/settings.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
@@ -29,8 +30,6 @@ inline constexpr int64_t kMaxTextContext = 65536;
 // (red, green, blue planes, each row-major).
 inline constexpr int64_t kCifarImageBytes = 3 * 32 * 32;
 inline constexpr int64_t kCifarRecordBytes = 1 + kCifarImageBytes;
-
-enum class Task { kClassification, kLanguageModel };
 
 // One split as the coordinator feeds it: `count` examples, each an input of
 // `input_shape` and a target of `target_shape` (empty = one class id).

@@ -258,8 +258,12 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
 void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (spec.model().activation().empty()) spec.mutable_model()->set_activation("relu");
   if (spec.model().init().empty()) spec.mutable_model()->set_init("torch");
-  if (spec.optimizer().type().empty()) spec.mutable_optimizer()->set_type("sgd");
-  if (spec.optimizer().lr_schedule().empty()) spec.mutable_optimizer()->set_lr_schedule("constant");
+  if (spec.optimizer().type().empty()) {
+    spec.mutable_optimizer()->set_type(OptimizerName(OptimizerKind::kSgd));
+  }
+  if (spec.optimizer().lr_schedule().empty()) {
+    spec.mutable_optimizer()->set_lr_schedule(LrScheduleName(LrScheduleKind::kConstant));
+  }
   auto* s = spec.mutable_schedule();
   if (s->microbatch_size() == 0) s->set_microbatch_size(64);
   if (s->microbatches_per_step() == 0) s->set_microbatches_per_step(1);
@@ -271,12 +275,6 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   auto* r = spec.mutable_recovery();
   if (!r->has_max_restarts()) r->set_max_restarts(3);
   if (!r->has_wait_seconds()) r->set_wait_seconds(60);
-}
-
-const std::vector<std::string>& ModelTypes() {
-  static const std::vector<std::string> kTypes = {"mlp", "resnet", "transformer_lm", "sequential",
-                                                  "torchscript"};
-  return kTypes;
 }
 
 const std::vector<std::string>& LayerTypes() {
@@ -300,16 +298,23 @@ const std::vector<std::string>& LayerTypes() {
 }
 
 int ModelUnitCount(const v1::ModelSpec& model) {
-  if (model.type() == "mlp") return std::max(0, model.layers_size() - 1);
-  if (model.type() == "resnet") {  // stem, 3n blocks, head
-    const int depth = model.depth() ? model.depth() : 20;
-    return depth >= 8 ? (depth - 2) / 6 * 3 + 2 : 0;
+  auto kind = ParseModelKind(model.type());
+  if (!kind.ok()) return 0;
+  switch (*kind) {
+    case ModelKind::kMlp:
+      return std::max(0, model.layers_size() - 1);
+    case ModelKind::kResNet: {  // stem, 3n blocks, head
+      const int depth = model.depth() ? model.depth() : 20;
+      return depth >= 8 ? (depth - 2) / 6 * 3 + 2 : 0;
+    }
+    case ModelKind::kTransformerLm:  // embedding, blocks, norm and head
+      return (model.depth() ? model.depth() : 2) + 2;
+    case ModelKind::kSequential:
+      return model.units_size();
+    case ModelKind::kTorchScript:
+      return 0;  // known once the file is read
   }
-  if (model.type() == "transformer_lm") {  // embedding, blocks, norm and head
-    return (model.depth() ? model.depth() : 2) + 2;
-  }
-  if (model.type() == "sequential") return model.units_size();
-  return 0;  // torchscript: known once the file is read
+  return 0;
 }
 
 namespace {
@@ -359,19 +364,21 @@ absl::Status ValidateUnits(const pb::RepeatedPtrField<v1::UnitSpec>& units,
 }
 
 absl::Status ValidateModelSpec(const v1::ModelSpec& m) {
-  if (auto st = OneOf("model.type", m.type(), ModelTypes()); !st.ok()) return st;
-  if (m.type() != "mlp" && m.layers_size() > 0) {
+  if (auto st = ParseModelKind(m.type()); !st.ok()) return st.status();
+  if (ModelKindOf(m.type()) != ModelKind::kMlp && m.layers_size() > 0) {
     return Bad("model.layers",
                absl::StrCat("applies to model.type mlp only; ", m.type(),
-                            m.type() == "sequential" ? " lists model.units" : " takes no widths"));
+                            ModelKindOf(m.type()) == ModelKind::kSequential ? " lists model.units"
+                                                                            : " takes no widths"));
   }
-  if (m.type() != "sequential" && m.units_size() > 0) {
+  if (ModelKindOf(m.type()) != ModelKind::kSequential && m.units_size() > 0) {
     return Bad("model.units", "applies to model.type sequential only");
   }
   // The zoo's settings, each for the families that read it: one set for
   // another family would be silently ignored.
-  const bool mlp = m.type() == "mlp", resnet = m.type() == "resnet",
-             lm = m.type() == "transformer_lm";
+  const bool mlp = ModelKindOf(m.type()) == ModelKind::kMlp,
+             resnet = ModelKindOf(m.type()) == ModelKind::kResNet,
+             lm = ModelKindOf(m.type()) == ModelKind::kTransformerLm;
   for (const auto& [field, set, applies, families] :
        std::vector<std::tuple<const char*, bool, bool, const char*>>{
            {"model.activation", !m.activation().empty() && m.activation() != "relu", mlp, "mlp"},
@@ -387,13 +394,13 @@ absl::Status ValidateModelSpec(const v1::ModelSpec& m) {
     }
   }
   if (ModelUnitCount(m) > kMaxModelUnits) {
-    return Bad(m.type() == "mlp"          ? "model.layers"
-               : m.type() == "sequential" ? "model.units"
-                                          : "model.depth",
+    return Bad(ModelKindOf(m.type()) == ModelKind::kMlp          ? "model.layers"
+               : ModelKindOf(m.type()) == ModelKind::kSequential ? "model.units"
+                                                                 : "model.depth",
                absl::StrCat("makes ", ModelUnitCount(m), " pipeline units; at most ",
                             kMaxModelUnits, " are allowed (a unit per layer: fewer, wider ones)"));
   }
-  if (m.type() == "mlp") {
+  if (ModelKindOf(m.type()) == ModelKind::kMlp) {
     if (m.layers_size() < 2) {
       return Bad("model.layers",
                  "needs at least two widths (input and output), e.g. [784, 256, 10]");
@@ -410,7 +417,7 @@ absl::Status ValidateModelSpec(const v1::ModelSpec& m) {
     }
     if (auto st = OneOf("model.init", m.init(), {"torch", "he"}); !st.ok()) return st;
   }
-  if (m.type() == "sequential") {
+  if (ModelKindOf(m.type()) == ModelKind::kSequential) {
     if (m.units_size() == 0) {
       return Bad("model.units",
                  "required for model.type sequential: the layers, e.g. "
@@ -418,15 +425,16 @@ absl::Status ValidateModelSpec(const v1::ModelSpec& m) {
     }
     if (auto st = ValidateUnits(m.units(), "model.units"); !st.ok()) return st;
   }
-  if (m.type() == "torchscript" && m.path().empty()) {
+  if (ModelKindOf(m.type()) == ModelKind::kTorchScript && m.path().empty()) {
     return Bad("model.path",
                "required for model.type torchscript: the TorchScript file of an "
                "nn.Sequential");
   }
-  if (m.type() != "torchscript" && !m.path().empty()) {
+  if (ModelKindOf(m.type()) != ModelKind::kTorchScript && !m.path().empty()) {
     return Bad("model.path", "applies to model.type torchscript only");
   }
-  if (m.type() == "resnet" || m.type() == "transformer_lm") {
+  if (ModelKindOf(m.type()) == ModelKind::kResNet ||
+      ModelKindOf(m.type()) == ModelKind::kTransformerLm) {
     v1::ModelSpec resolved = m;
     // The data's class count and context are checked when the data is read.
     if (auto st = ResolveModel(resolved, resolved.classes() ? resolved.classes() : 1,
@@ -441,7 +449,7 @@ absl::Status ValidateModelSpec(const v1::ModelSpec& m) {
 }  // namespace
 
 absl::Status ResolveModel(v1::ModelSpec& m, int64_t classes, int64_t context) {
-  if (m.type() == "resnet") {
+  if (ModelKindOf(m.type()) == ModelKind::kResNet) {
     if (m.depth() == 0) m.set_depth(20);
     if (m.width() == 0) m.set_width(16);
     if (m.depth() < 8 || (m.depth() - 2) % 6 != 0 || m.depth() > 1000) {
@@ -450,7 +458,7 @@ absl::Status ResolveModel(v1::ModelSpec& m, int64_t classes, int64_t context) {
                                              "32, 56, ..."));
     }
     if (m.width() < 1 || m.width() > 4096) return Bad("model.width", "must be in 1..4096");
-  } else if (m.type() == "transformer_lm") {
+  } else if (ModelKindOf(m.type()) == ModelKind::kTransformerLm) {
     if (m.depth() == 0) m.set_depth(2);
     if (m.width() == 0) m.set_width(128);
     if (m.heads() == 0) m.set_heads(4);
@@ -478,11 +486,11 @@ absl::Status ResolveModel(v1::ModelSpec& m, int64_t classes, int64_t context) {
 }
 
 absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& o) {
-  if (auto st = OneOf("optimizer.type", o.type(), {"sgd", "adam", "adamw"}); !st.ok()) return st;
+  if (auto st = ParseOptimizer(o.type()); !st.ok()) return st.status();
   if (!(o.lr() > 0)) return Bad("optimizer.lr", "required, a number > 0 (e.g. 0.05)");
   if (o.momentum() < 0 || o.momentum() >= 1) return Bad("optimizer.momentum", "must be in [0, 1)");
   if (o.weight_decay() < 0) return Bad("optimizer.weight_decay", "must be >= 0");
-  const bool sgd = o.type() == "sgd";
+  const bool sgd = OptimizerOf(o.type()) == OptimizerKind::kSgd;
   if (!sgd && o.momentum() != 0) {
     return Bad("optimizer.momentum",
                absl::StrCat("applies to sgd only; ", o.type(), "'s is optimizer.beta1"));
@@ -499,11 +507,8 @@ absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& o) {
   if (!(o.grad_clip_norm() >= 0)) {
     return Bad("optimizer.grad_clip_norm", "must be >= 0 (0 = no clipping)");
   }
-  if (auto st = OneOf("optimizer.lr_schedule", o.lr_schedule(), {"constant", "cosine", "step"});
-      !st.ok()) {
-    return st;
-  }
-  if (o.lr_schedule() == "step" && o.lr_step_size() < 1) {
+  if (auto st = ParseLrSchedule(o.lr_schedule()); !st.ok()) return st.status();
+  if (LrScheduleOf(o.lr_schedule()) == LrScheduleKind::kStep && o.lr_step_size() < 1) {
     return Bad("optimizer.lr_step_size",
                "required for lr_schedule step: steps between decays, >= 1");
   }
@@ -566,11 +571,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (auto st = ValidateModelSpec(m); !st.ok()) return st;
   // data
   const auto& d = spec.data();
-  if (auto st = OneOf("data.type", d.type(), {"idx", "mnist", "cifar", "text"}); !st.ok()) {
-    return st;
-  }
-  const bool idx = d.type() == "idx" || d.type() == "mnist";
-  const bool cifar = d.type() == "cifar", text = d.type() == "text";
+  if (auto st = ParseDataKind(d.type()); !st.ok()) return st.status();
+  const bool idx = IsIdx(DataKindOf(d.type()));
+  const bool cifar = DataKindOf(d.type()) == DataKind::kCifar,
+             text = DataKindOf(d.type()) == DataKind::kText;
   // Where this type's files are named, for "applies to ... only" errors.
   const std::string files_are =
       idx     ? "idx files are data.train_images, data.train_labels, data.test_images and "
@@ -603,7 +607,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (text && d.has_normalize()) {
     return Bad("data.normalize", "applies to images only (data.type idx, mnist, cifar)");
   }
-  if (d.type() == "mnist" && d.has_normalize() && !d.normalize()) {
+  if (DataKindOf(d.type()) == DataKind::kMnist && d.has_normalize() && !d.normalize()) {
     return Bad("data.normalize",
                "mnist always normalises with MNIST's mean 0.1307 and std 0.3081; for pixels / 255 "
                "use data.type idx with normalize: false");
@@ -661,7 +665,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (d.test_limit() < 0) return Bad("data.test_limit", "must be >= 0 (0 = all)");
   // MNIST's sizes are known without reading it; other data and models are
   // checked against each other when the data is read.
-  if (d.type() == "mnist" && m.type() == "mlp") {
+  if (DataKindOf(d.type()) == DataKind::kMnist && ModelKindOf(m.type()) == ModelKind::kMlp) {
     if (m.layers(0) != 784) {
       return Bad("model.layers[0]",
                  absl::StrCat("is ", m.layers(0), " but MNIST images have 784 pixels; use 784"));
@@ -704,7 +708,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   if (s.weight_prediction()) {
     const v1::OptimizerSpec& o = spec.optimizer();
-    const bool sgd = o.type().empty() || o.type() == "sgd";
+    const bool sgd = OptimizerOf(o.type()) == OptimizerKind::kSgd;
     if (sgd && o.momentum() <= 0) {
       return Bad("schedule.weight_prediction",
                  "predicts from the optimizer's direction: sgd needs optimizer.momentum > 0 "
@@ -730,7 +734,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   if (s.spike_compensation()) {
     const v1::OptimizerSpec& o = spec.optimizer();
-    if (!o.type().empty() && o.type() != "sgd") {
+    if (OptimizerOf(o.type()) != OptimizerKind::kSgd) {
       return Bad("schedule.spike_compensation",
                  absl::StrCat("applies to optimizer.type sgd (momentum's velocity); '", o.type(),
                               "' has none: set it false"));

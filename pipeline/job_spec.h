@@ -57,10 +57,9 @@ absl::StatusOr<std::vector<v1::StageAssignment>> ResolveStageAssignments(
     const v1::JobSpec& spec, const std::string& job_id, int64_t steps_per_epoch,
     const std::vector<StageRange>* ranges = nullptr);
 
-// model.type's allowed values, and those of a sequential model's
-// model.units[i].type: the one list each, for validation and for the model
-// builder's errors.
-const std::vector<std::string>& ModelTypes();
+// A sequential model's model.units[i].type allowed values: the one list, for
+// validation and for the model builder's errors. (model.type's:
+// pipeline/settings.h.)
 const std::vector<std::string>& LayerTypes();
 
 // Number of pipeline units the model has: mlp layers - 1; resnet 3n + 2

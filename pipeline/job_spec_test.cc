@@ -399,7 +399,7 @@ TEST(JobSpecValidateTest, OtherBadEnumValues) {
   ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_model()->set_init("xavier"); }),
                 "model.init", "torch, he");
   ExpectInvalid(ValidateMutated([](v1::JobSpec& s) { s.mutable_optimizer()->set_type("rmsprop"); }),
-                "optimizer.type", "sgd, adam, adamw");
+                "optimizer.type", "sgd (default), adam, adamw");
 }
 
 TEST(JobSpecValidateTest, IdxDataTakesAPathOrAllFourFiles) {
@@ -801,7 +801,7 @@ TEST(JobSpecValidateTest, LearningRateSchedule) {
   spec.mutable_optimizer()->set_lr_schedule("cosine");
   EXPECT_TRUE(ValidateJobSpec(spec).ok());
   spec.mutable_optimizer()->set_lr_schedule("linear");
-  ExpectInvalid(ValidateJobSpec(spec), "optimizer.lr_schedule", "constant, cosine");
+  ExpectInvalid(ValidateJobSpec(spec), "optimizer.lr_schedule", "constant (default), cosine, step");
 }
 
 }  // namespace

@@ -12,12 +12,13 @@
 #include <cmath>
 #include <cstdint>
 
+#include "pipeline/settings.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
 
 struct LrSchedule {
-  enum class Kind { kConstant, kCosine, kStep };
+  using Kind = LrScheduleKind;
   double lr = 0;
   Kind kind = Kind::kConstant;
   int64_t total_steps = 0;  // cosine
@@ -30,9 +31,7 @@ struct LrSchedule {
 inline LrSchedule LrScheduleFromSpec(const v1::OptimizerSpec& o, int64_t total_steps) {
   LrSchedule s;
   s.lr = o.lr();
-  s.kind = o.lr_schedule() == "cosine" ? LrSchedule::Kind::kCosine
-           : o.lr_schedule() == "step" ? LrSchedule::Kind::kStep
-                                       : LrSchedule::Kind::kConstant;
+  s.kind = LrScheduleOf(o.lr_schedule());
   s.total_steps = total_steps;
   s.step_size = o.lr_step_size();
   s.gamma = o.has_lr_step_gamma() ? o.lr_step_gamma() : 0.1;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "pipeline/file_access.h"
+#include "pipeline/settings.h"
 
 namespace pipemare {
 namespace {
@@ -207,7 +208,7 @@ absl::StatusOr<int64_t> CountClasses(const v1::DataSpec& d, const DataFile& trai
   if (!labels_file.ok()) return labels_file.status();
   auto labels = ReadLabels(*labels_file, 0);
   if (!labels.ok()) return labels.status();
-  if (d.type() == "mnist") {
+  if (DataKindOf(d.type()) == DataKind::kMnist) {
     if (auto st = CheckLabels(*labels, 10, train_labels, kDigits); !st.ok()) return st;
     return 10;
   }
@@ -301,7 +302,7 @@ absl::StatusOr<Dataset> LoadDataset(const v1::DataSpec& d) {
   if (auto st = RequirePaths(f); !st.ok()) return st;
   auto classes = CountClasses(d, f.train_labels);
   if (!classes.ok()) return classes.status();
-  const bool mnist = d.type() == "mnist";
+  const bool mnist = DataKindOf(d.type()) == DataKind::kMnist;
   const std::string labels_are = mnist ? kDigits : ClassesText(*classes, f.train_labels);
   auto train = LoadSplit(f.train_images, f.train_labels, d.train_limit());
   if (!train.ok()) return train.status();
@@ -351,7 +352,9 @@ absl::StatusOr<IdxInfo> InspectIdx(const v1::DataSpec& d) {
   auto test_labels = ReadLabels(test->labels, d.test_limit());
   if (!test_labels.ok()) return test_labels.status();
   if (auto st = CheckLabels(*test_labels, *classes, f.test_labels,
-                            d.type() == "mnist" ? kDigits : ClassesText(*classes, f.train_labels));
+                            DataKindOf(d.type()) == DataKind::kMnist
+                                ? kDigits
+                                : ClassesText(*classes, f.train_labels));
       !st.ok()) {
     return st;
   }

@@ -436,10 +436,11 @@ torch::nn::Conv2d Conv3x3(int64_t in, int64_t out, int64_t stride) {
 // Parameters unit u of a zoo model will hold (upper bounds), before it is built.
 double ZooUnitParameters(const v1::ModelSpec& m, int u, int total, const TensorType& in) {
   const double first = in.shape.empty() ? 0 : static_cast<double>(in.shape[0]);
-  if (m.type() == "mlp") return double(m.layers(u)) * double(m.layers(u + 1)) + m.layers(u + 1);
+  if (ModelKindOf(m.type()) == ModelKind::kMlp)
+    return double(m.layers(u)) * double(m.layers(u + 1)) + m.layers(u + 1);
   const double classes = static_cast<double>(m.classes());
   const double w = m.width();
-  if (m.type() == "resnet") {
+  if (ModelKindOf(m.type()) == ModelKind::kResNet) {
     if (u == 0) return first * w * 9 + 2 * w;
     if (u == total - 1) return first * classes + classes;
     const int n = (m.depth() - 2) / 6;
@@ -458,7 +459,7 @@ absl::StatusOr<torch::nn::Sequential> ZooUnit(const v1::ModelSpec& m, int u, int
   namespace nn = torch::nn;
   nn::Sequential seq;
   if (auto st = CheckSize(ZooUnitParameters(m, u, total, in), label, limit); !st.ok()) return st;
-  if (m.type() == "mlp") {
+  if (ModelKindOf(m.type()) == ModelKind::kMlp) {
     const int64_t features = Numel(in.shape);
     if (in.tokens || features != m.layers(u)) {
       return Bad(absl::StrCat("model.layers[", u, "]"),
@@ -476,7 +477,7 @@ absl::StatusOr<torch::nn::Sequential> ZooUnit(const v1::ModelSpec& m, int u, int
     if (u + 1 < total) seq->push_back(Activation(m.activation()));
     return seq;
   }
-  if (m.type() == "resnet") {
+  if (ModelKindOf(m.type()) == ModelKind::kResNet) {
     const int n = (m.depth() - 2) / 6;
     const int64_t w = m.width();
     if (u == 0) {
@@ -541,8 +542,8 @@ absl::StatusOr<torch::nn::Sequential> ZooUnit(const v1::ModelSpec& m, int u, int
 
 // What unit u of a zoo model is, e.g. "resnet stem", "transformer_lm block".
 std::string ZooPart(const v1::ModelSpec& m, int u, int total) {
-  if (m.type() == "mlp") return "linear";
-  const bool resnet = m.type() == "resnet";
+  if (ModelKindOf(m.type()) == ModelKind::kMlp) return "linear";
+  const bool resnet = ModelKindOf(m.type()) == ModelKind::kResNet;
   const char* part = u == 0           ? (resnet ? "stem" : "embedding")
                      : u == total - 1 ? (resnet ? "head" : "norm and head")
                                       : "block";
@@ -582,16 +583,14 @@ class UnitSource {
  public:
   static absl::StatusOr<UnitSource> Open(const v1::ModelSpec& model,
                                          const std::string& torchscript) {
-    const auto& types = ModelTypes();
-    if (std::find(types.begin(), types.end(), model.type()) == types.end()) {
-      return Bad("model.type", absl::StrCat("'", model.type(), "' is not allowed; allowed: ",
-                                            absl::StrJoin(types, ", ")));
-    }
-    if ((model.type() == "resnet" || model.type() == "transformer_lm") && model.classes() < 1) {
+    auto kind = ParseModelKind(model.type());
+    if (!kind.ok()) return kind.status();
+    if ((*kind == ModelKind::kResNet || *kind == ModelKind::kTransformerLm) &&
+        model.classes() < 1) {
       return Bad("model.classes", "not resolved from the data (ResolveModel)");
     }
     UnitSource source(model);
-    if (model.type() == "torchscript") {
+    if (*kind == ModelKind::kTorchScript) {
       auto module = LoadScript(torchscript);
       if (!module.ok()) return module.status();
       for (const auto& c : module->children()) source.children_.push_back(c);
@@ -614,24 +613,25 @@ class UnitSource {
     UnitInfo info;
     info.in = in;
     std::string label;
-    if (m.type() == "sequential") {
+    if (ModelKindOf(m.type()) == ModelKind::kSequential) {
       info.name = m.units(u).type();
       label = absl::StrCat("model.units[", u, "] (", info.name, ")");
-    } else if (m.type() == "torchscript") {
+    } else if (ModelKindOf(m.type()) == ModelKind::kTorchScript) {
       info.name = children_[u].type()->name() ? children_[u].type()->name()->name() : "module";
       label = absl::StrCat("unit ", u, " (", info.name, ")");
     } else {
       info.name = ZooPart(m, u, total_);
-      label = m.type() == "mlp" ? absl::StrCat("model.layers[", u, "]")
-                                : absl::StrCat("unit ", u, " (", info.name, ")");
+      label = ModelKindOf(m.type()) == ModelKind::kMlp
+                  ? absl::StrCat("model.layers[", u, "]")
+                  : absl::StrCat("unit ", u, " (", info.name, ")");
     }
     torch::nn::AnyModule unit;
     try {
-      if (m.type() == "torchscript") {
+      if (ModelKindOf(m.type()) == ModelKind::kTorchScript) {
         unit = torch::nn::AnyModule(ScriptUnit(children_[u]));
       } else {
         absl::StatusOr<torch::nn::Sequential> layers;
-        if (m.type() == "sequential") {
+        if (ModelKindOf(m.type()) == ModelKind::kSequential) {
           auto layer = BuildLayer(m.units(u), in, absl::StrCat("model.units[", u, "]"), limit);
           if (!layer.ok()) return layer.status();
           layers = torch::nn::Sequential();
@@ -777,7 +777,7 @@ absl::StatusOr<std::vector<UnitInfo>> ShapePass(const v1::ModelSpec& model, cons
 absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& data,
                                     int64_t max_model_bytes) {
   const auto& d = spec.data();
-  if (spec.model().type() == "mlp" && (d.type() == "idx" || d.type() == "mnist")) {
+  if (ModelKindOf(spec.model().type()) == ModelKind::kMlp && (IsIdx(DataKindOf(d.type())))) {
     // An MLP's widths against idx files: the error names the file the
     // number comes from (the shape pass below could only name the shape).
     if (auto st = CheckDataset(spec); !st.ok()) return st;
@@ -787,7 +787,7 @@ absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& dat
   const bool lm = data.task == Task::kLanguageModel;
   const int64_t context = lm && !data.input_shape.empty() ? data.input_shape[0] : 0;
   if (auto st = ResolveModel(plan.model, data.classes, context); !st.ok()) return st;
-  if (plan.model.type() == "torchscript") {
+  if (ModelKindOf(plan.model.type()) == ModelKind::kTorchScript) {
     auto bytes = ReadTorchScript(plan.model.path(), max_model_bytes);
     if (!bytes.ok()) return bytes.status();
     plan.torchscript = std::move(*bytes);
@@ -798,10 +798,11 @@ absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& dat
   plan.units = std::move(*units);
   const int total = static_cast<int>(plan.units.size());
   const UnitInfo& last = plan.units.back();
-  const std::string last_label =
-      plan.model.type() == "sequential" ? absl::StrCat("model.units[", total - 1, "]")
-      : plan.model.type() == "mlp"      ? absl::StrCat("model.layers[", total, "]")
-                                        : absl::StrCat("unit ", total - 1, " (the last)");
+  const std::string last_label = ModelKindOf(plan.model.type()) == ModelKind::kSequential
+                                     ? absl::StrCat("model.units[", total - 1, "]")
+                                 : ModelKindOf(plan.model.type()) == ModelKind::kMlp
+                                     ? absl::StrCat("model.layers[", total, "]")
+                                     : absl::StrCat("unit ", total - 1, " (the last)");
   if (lm) {
     const bool ok = last.out.shape.size() == 2 && last.out.shape[0] == context &&
                     last.out.shape[1] >= data.classes;

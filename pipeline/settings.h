@@ -19,6 +19,18 @@ enum class Transport { kGrpc, kGloo };
 enum class OnNonFinite { kFail, kSkip };
 // schedule.wire_dtype: what activations and gradients travel in.
 enum class WireDtype { kFloat32, kFloat16, kBFloat16 };
+// model.type: the model's family (required).
+enum class ModelKind { kMlp, kResNet, kTransformerLm, kSequential, kTorchScript };
+// data.type: the dataset's format (required).
+enum class DataKind { kIdx, kMnist, kCifar, kText };
+// optimizer.type.
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+// optimizer.lr_schedule: the base learning rate over the steps
+// (pipeline/lr_schedule.h).
+enum class LrScheduleKind { kConstant, kCosine, kStep };
+// What the job learns, from its data (DataInfo.task: next-token prediction
+// for text, classification otherwise); JobStatus.task names it.
+enum class Task { kClassification, kLanguageModel };
 
 // The kind named `value`; the default when `value` is empty (uniform, grpc,
 // fail). INVALID_ARGUMENT naming the field and the allowed values otherwise.
@@ -26,14 +38,27 @@ absl::StatusOr<PartitionKind> ParsePartition(absl::string_view value);
 absl::StatusOr<Transport> ParseTransport(absl::string_view value);
 absl::StatusOr<OnNonFinite> ParseOnNonFinite(absl::string_view value);
 absl::StatusOr<WireDtype> ParseWireDtype(absl::string_view value);
+absl::StatusOr<OptimizerKind> ParseOptimizer(absl::string_view value);
+absl::StatusOr<LrScheduleKind> ParseLrSchedule(absl::string_view value);
+// Required: an empty value is INVALID_ARGUMENT ("required; allowed: ...").
+absl::StatusOr<ModelKind> ParseModelKind(absl::string_view value);
+absl::StatusOr<DataKind> ParseDataKind(absl::string_view value);
+// JobStatus.task as the coordinator wrote it (classification when empty).
+absl::StatusOr<Task> ParseTask(absl::string_view value);
 
 // The names specs use.
 const char* PartitionName(PartitionKind kind);
 const char* TransportName(Transport transport);
 const char* OnNonFiniteName(OnNonFinite policy);
 const char* WireDtypeName(WireDtype dtype);
+const char* ModelKindName(ModelKind kind);
+const char* DataKindName(DataKind kind);
+const char* OptimizerName(OptimizerKind kind);
+const char* LrScheduleName(LrScheduleKind kind);
+const char* TaskName(Task task);
 
-// Of a validated spec (its field's default if it were not).
+// Of a validated spec (its field's default, or for model and data the first
+// kind, if it were not: code that may see an unvalidated spec parses).
 inline PartitionKind PartitionOf(absl::string_view value) {
   return ParsePartition(value).value_or(PartitionKind::kUniform);
 }
@@ -46,6 +71,20 @@ inline OnNonFinite OnNonFiniteOf(absl::string_view value) {
 inline WireDtype WireDtypeOf(absl::string_view value) {
   return ParseWireDtype(value).value_or(WireDtype::kFloat32);
 }
+inline ModelKind ModelKindOf(absl::string_view value) {
+  return ParseModelKind(value).value_or(ModelKind::kMlp);
+}
+inline DataKind DataKindOf(absl::string_view value) {
+  return ParseDataKind(value).value_or(DataKind::kIdx);
+}
+inline OptimizerKind OptimizerOf(absl::string_view value) {
+  return ParseOptimizer(value).value_or(OptimizerKind::kSgd);
+}
+inline LrScheduleKind LrScheduleOf(absl::string_view value) {
+  return ParseLrSchedule(value).value_or(LrScheduleKind::kConstant);
+}
+// idx and mnist are both idx files (mnist adds its normalisation and names).
+inline bool IsIdx(DataKind kind) { return kind == DataKind::kIdx || kind == DataKind::kMnist; }
 
 }  // namespace pipemare
 

@@ -277,9 +277,10 @@ std::optional<StageMachine::Input> StageMachine::Next(std::chrono::milliseconds 
     // The last stage takes an activation once its targets are there.
     const StageExecutor::Next next = executor_->Peek();
     if (next.action.op == Action::Op::kForward) {
-      auto act = std::find_if(activations_.begin(), activations_.end(), [&](const Input& in) {
-        return !last_ || targets_.count(in.microbatch);
-      });
+      auto paired = [&](const Input& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !last_ || targets_.count(in.microbatch) > 0;
+      };
+      auto act = std::find_if(activations_.begin(), activations_.end(), paired);
       if (act != activations_.end() && (act->phase == v1::TRAIN || executor_->between_epochs())) {
         Input in = std::move(*act);
         activations_.erase(act);

@@ -13,6 +13,7 @@
 #include "pipeline/lr_schedule.h"
 #include "pipeline/model.h"
 #include "pipeline/pipemare_math.h"
+#include "pipeline/settings.h"
 
 namespace pipemare {
 namespace {
@@ -86,7 +87,7 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
   absl::Status built = Guard("building the stage", [&] {
     TensorType input{input_shape, a.token_input()};
     // An MLP's stage input is a flat vector of its first layer's width.
-    if (input.shape.empty() && a.model().type() == "mlp" &&
+    if (input.shape.empty() && ModelKindOf(a.model().type()) == ModelKind::kMlp &&
         a.first_unit() < a.model().layers_size()) {
       input.shape = {a.model().layers(a.first_unit())};
     }
@@ -109,13 +110,13 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& 
   const double beta1 = o.has_beta1() ? o.beta1() : 0.9;
   const double beta2 = o.has_beta2() ? o.beta2() : 0.999;
   const double eps = o.has_eps() ? o.eps() : 1e-8;
-  if (o.type() == "adam") {
+  if (OptimizerOf(o.type()) == OptimizerKind::kAdam) {
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr())
                                                             .betas(std::make_tuple(beta1, beta2))
                                                             .eps(eps)
                                                             .weight_decay(o.weight_decay()));
   }
-  if (o.type() == "adamw") {
+  if (OptimizerOf(o.type()) == OptimizerKind::kAdamW) {
     return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(o.lr())
                                                              .betas(std::make_tuple(beta1, beta2))
                                                              .eps(eps)
@@ -152,7 +153,7 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
                       : 0.1,
                   tau_)),
       spike_enabled_(a.schedule().spike_compensation() && tau_ > 0 &&
-                     (a.optimizer().type().empty() || a.optimizer().type() == "sgd")),
+                     OptimizerOf(a.optimizer().type()) == OptimizerKind::kSgd),
       spike_(SpikeCompensation(a.optimizer().momentum(), tau_)),
       predict_enabled_(a.schedule().weight_prediction() && tau_ > 0),
       dc_enabled_(a.schedule().delay_compensation() > 0 && tau_ > 0),
@@ -169,6 +170,7 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
     params += p.numel();
     if (TracksVelocity()) velocity_.push_back(torch::zeros_like(p));
   }
+  absl::MutexLock lock(&stats_mu_);
   stats_.parameters = params;
   stats_.analytic_delay = tau_;
   stats_.learning_rate = warmup_steps_ > 0 ? BaseLearningRate(lr_schedule_, 0)
@@ -305,7 +307,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
 std::vector<torch::Tensor> StageRuntime::PredictWeights() {
   double alpha;
   {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    absl::MutexLock lock(&stats_mu_);
     if (stats_.steps < std::max<int64_t>(warmup_steps_, 1)) return {};
     alpha = stats_.learning_rate;
   }
@@ -385,15 +387,13 @@ absl::StatusOr<torch::Tensor> StageRuntime::Run(const torch::Tensor& input, bool
 
 void StageRuntime::Remember(uint64_t microbatch, const torch::Tensor& input,
                             const torch::Tensor& targets, const torch::Tensor& rng) {
-  // Only the compute thread changes the weights and the step count, so
-  // reading them here without stats_mu_ is safe.
-  const int64_t version = stats_.steps;
+  const int64_t version = step_;
   std::vector<torch::Tensor> weights;
   if (stashing_ && !stash_.count(version)) {
     torch::NoGradGuard no_grad;
     for (const auto& p : module_->parameters()) weights.push_back(p.detach().clone());
   }
-  std::lock_guard<std::mutex> lock(stats_mu_);
+  absl::MutexLock lock(&stats_mu_);
   saved_[microbatch] =
       Saved{input.to(device_), targets.defined() ? targets.to(device_) : targets, version, rng};
   if (stashing_) {
@@ -460,13 +460,11 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
 const std::vector<torch::Tensor>* StageRuntime::StashedWeights(const Saved& saved) const {
   // No update since the forward: the live weights are the forward's, unless
   // it ran at a prediction (then the stash holds that).
-  if (!stashing_ || (saved.step == stats_.steps && !predict_enabled_)) return nullptr;
+  if (!stashing_ || (saved.step == step_ && !predict_enabled_)) return nullptr;
   return &stash_.at(saved.step).weights;
 }
 
-bool StageRuntime::CorrectsDiscrepancy() const {
-  return t2_enabled_ && stats_.steps >= warmup_steps_;
-}
+bool StageRuntime::CorrectsDiscrepancy() const { return t2_enabled_ && step_ >= warmup_steps_; }
 
 absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
                                                      const torch::Tensor& grad_output) {
@@ -533,7 +531,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
             });
   if (!st.ok()) return st;  // saved_ keeps the microbatch: the stage fails anyway
   {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    absl::MutexLock lock(&stats_mu_);
     saved_.erase(microbatch);
     if (stashing_ && --stash_[saved.step].users == 0) {
       stash_.erase(saved.step);
@@ -554,7 +552,7 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
 }
 
 absl::Status StageRuntime::Drop(uint64_t microbatch) {
-  std::lock_guard<std::mutex> lock(stats_mu_);
+  absl::MutexLock lock(&stats_mu_);
   auto it = saved_.find(microbatch);
   if (it == saved_.end()) {
     return absl::NotFoundError(absl::StrCat("microbatch ", microbatch, " is not saved"));
@@ -593,11 +591,7 @@ absl::Status StageRuntime::Step() {
   }
   backwards_since_step_ = 0;
   const auto start = std::chrono::steady_clock::now();
-  int64_t k;
-  {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    k = stats_.steps;
-  }
+  const int64_t k = step_;
   const double alpha_k = BaseLearningRate(lr_schedule_, k);
   // T1 from the switch on; none during a synchronous warm-up (τ = 0 there).
   const bool warmup = k < warmup_steps_;
@@ -614,8 +608,8 @@ absl::Status StageRuntime::Step() {
     });
     if (!st.ok()) return st;
   }
-  std::lock_guard<std::mutex> lock(stats_mu_);
-  ++stats_.steps;
+  absl::MutexLock lock(&stats_mu_);
+  stats_.steps = ++step_;
   stats_.learning_rate = lr;
   stats_.last_grad_norm = grad_norm;
   if (warmup_steps_ > 0 && stats_.steps == warmup_steps_) {
@@ -786,7 +780,7 @@ StageSnapshot StageRuntime::Snapshot() const {
 
 absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t step,
                                    bool weights_only) {
-  if (stats_.forwards > 0 || stats_.steps > 0) {
+  if (Stats().forwards > 0 || step_ > 0) {
     return absl::FailedPreconditionError("restore: the stage has already trained");
   }
   if (weights_only && step != 0) {
@@ -884,9 +878,10 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
     // A cut taken on another device type holds that type's generator
     // (CPU and CUDA states differ): this stage's generator then stays as
     // seeded.
-    for (const auto& [key, tensor] : first->second->tensors) {
-      if (key != RngKey(device_)) continue;
-      absl::Status st = Guard("restore", [&] { SetRngState(tensor); });
+    for (const auto& entry : first->second->tensors) {
+      if (entry.first != RngKey(device_)) continue;
+      const torch::Tensor& state = entry.second;
+      absl::Status st = Guard("restore", [&] { SetRngState(state); });
       if (!st.ok()) {
         return absl::DataLossError(
             absl::StrCat("restore: unit ", first_unit_, " rng/state: ", st.message()));
@@ -898,8 +893,8 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
     for (const auto& v : velocity_) sq += v.pow(2).sum().item<double>();
     t2_correction_norm_ = tau_ * std::sqrt(sq);
   }
-  std::lock_guard<std::mutex> lock(stats_mu_);
-  stats_.steps = step;
+  absl::MutexLock lock(&stats_mu_);
+  stats_.steps = step_ = step;
   if (warmup_steps_ > 0 && step >= warmup_steps_) stats_.async_from_step = warmup_steps_;
   const double alpha = BaseLearningRate(lr_schedule_, step);
   stats_.learning_rate = step < warmup_steps_
@@ -910,7 +905,7 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
 }
 
 StageStats StageRuntime::Stats() const {
-  std::lock_guard<std::mutex> lock(stats_mu_);
+  absl::MutexLock lock(&stats_mu_);
   return stats_;
 }
 

@@ -28,9 +28,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "pipeline/checkpoint_units.h"
 #include "pipeline/lr_schedule.h"
 #include "pipeline/pipemare_math.h"
@@ -276,13 +277,16 @@ class StageRuntime {
   std::map<int64_t, Stash> stash_;  // by weight version; pipedream only
   int backwards_since_step_ = 0;
 
-  // Recomputes stats_.memory (stats_mu_ held).
-  void UpdateMemoryLocked();
+  // Recomputes stats_.memory.
+  void UpdateMemoryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stats_mu_);
 
-  mutable std::mutex stats_mu_;
-  StageStats stats_;      // GUARDED_BY(stats_mu_)
-  double delay_sum_ = 0;  // over the backwards of the current phase
-  int64_t delay_count_ = 0;
+  // The weight version (steps taken): only the compute thread changes and
+  // reads it; stats_.steps publishes it to the other threads.
+  int64_t step_ = 0;
+  mutable absl::Mutex stats_mu_;
+  StageStats stats_ ABSL_GUARDED_BY(stats_mu_);
+  double delay_sum_ ABSL_GUARDED_BY(stats_mu_) = 0;  // over the backwards of the current phase
+  int64_t delay_count_ ABSL_GUARDED_BY(stats_mu_) = 0;
 };
 
 }  // namespace pipemare

@@ -3,10 +3,13 @@
 #   scripts/dev.sh example   install and build only what it runs (the three binaries), train
 #                            examples/mnist_pipemare.yaml across local worker processes
 #                            (pipemarectl local)
-#   scripts/dev.sh test      install, build, run every test (ctest), then the sanitizer
-#                            build's tests and fuzz targets (sanitize)
+#   scripts/dev.sh test      install, build, run every test (ctest), clang's thread-safety
+#                            analysis, then the sanitizer builds' tests and fuzz targets
+#                            (sanitize, tsan)
 #   scripts/dev.sh sanitize  clang ASan+UBSan build of the LibTorch-free code (BUILD_DIR-sanitize):
 #                            its unit tests and each libFuzzer target for FUZZ_SECONDS (60)
+#   scripts/dev.sh tsan      clang ThreadSanitizer build of the LibTorch-free code
+#                            (BUILD_DIR-tsan) and its unit tests
 #   scripts/dev.sh deps|build
 # BUILD_DIR (default build) and JOBS (default nproc) may be set.
 set -euo pipefail
@@ -38,7 +41,7 @@ test_packages=(libgtest-dev libgmock-dev sqlite3
   prometheus dataset-fashion-mnist fortunes python3-torch python3-numpy
   clang libclang-rt-14-dev
   podman runc catatonit debootstrap docker-compose containernetworking-plugins
-  golang-github-containernetworking-plugin-dnsname iptables curl yamllint)
+  golang-github-containernetworking-plugin-dnsname iptables curl xz-utils yamllint)
 
 # deps [run]: installs what is missing of run_packages (and test_packages unless "run").
 deps() {
@@ -82,6 +85,42 @@ sanitize() {
     ctest --output-on-failure --timeout 900)
 }
 
+# clang's -Wthread-safety over the GCC build's sources that lock something
+# (the clang builds below check the LibTorch-free rest as they compile).
+thread_safety() {
+  python3 "$root/scripts/thread-safety.py" "$build" "$jobs"
+}
+
+# abseil's sources of the installed libabsl-dev, from Debian's archive and
+# checked against the SHA-256 in the archive's source index: the TSan build compiles their
+# mutex.cc with TSan (CMakeLists.txt says why). Prints the folder.
+absl_source() {
+  local version dir tarball sum
+  version=$(dpkg-query -W -f='${source:Upstream-Version}' libabsl-dev)
+  dir="$build-absl-$version"
+  if [ ! -f "$dir/absl/synchronization/mutex.cc" ]; then
+    tarball="abseil_$version.orig.tar.gz"
+    curl -fsSL "http://deb.debian.org/debian/pool/main/a/abseil/$tarball" -o "$dir.tar.gz"
+    sum=$(curl -fsSL http://deb.debian.org/debian/dists/bookworm/main/source/Sources.xz | xz -d |
+      awk -v f="$tarball" '$3 == f && length($1) == 64 {print $1; exit}')
+    echo "$sum  $dir.tar.gz" | sha256sum -c --quiet - >&2
+    mkdir -p "$dir"
+    tar -xzf "$dir.tar.gz" -C "$dir" --strip-components=1
+    rm "$dir.tar.gz"
+  fi
+  echo "$dir"
+}
+
+tsan() {
+  local dir="$build-tsan" absl
+  absl=$(absl_source)
+  CC=clang CXX=clang++ cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPIPEMARE_TSAN=ON -DPIPEMARE_ABSL_SOURCE="$absl" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+  (cd "$dir" && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    ctest --output-on-failure --timeout 900)
+}
+
 case "${1:-}" in
   deps) deps ;;
   build) deps; build ;;
@@ -93,11 +132,14 @@ case "${1:-}" in
   test)
     deps; build
     (cd "$build" && ctest --output-on-failure --timeout 900 "${@:2}")
+    thread_safety
     sanitize
+    tsan
     ;;
   sanitize) deps; sanitize ;;
+  tsan) deps; tsan ;;
   *)
-    echo "usage: scripts/dev.sh example|test|sanitize|deps|build" >&2
+    echo "usage: scripts/dev.sh example|test|sanitize|tsan|deps|build" >&2
     exit 2
     ;;
 esac

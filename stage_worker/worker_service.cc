@@ -21,7 +21,7 @@ std::map<std::string, unsigned> WorkerAccessRules() {
 }
 
 std::shared_ptr<StageHost> WorkerService::Current(const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (host_ && host_->job_id() == job_id) return host_;
   return nullptr;
 }
@@ -45,7 +45,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
   }
   std::shared_ptr<StageHost> old;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (host_ && !host_->failed() && host_->job_id() != request->job_id()) {
       return grpc::Status(
           grpc::StatusCode::FAILED_PRECONDITION,
@@ -57,7 +57,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
   std::vector<RetainedCut> memory;
   if (old) old->Stop();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (old) KeepMemoryLocked(*old);
     if (memory_job_ == request->job_id()) memory = std::move(memory_);
     memory_.clear();  // used now or never: a new stage keeps its own
@@ -76,7 +76,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
   response->set_analytic_delay(stats.analytic_delay);
   response->set_restored_from_memory((*host)->restored_from_memory());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     host_ = *host;
     CountStagesLocked();
   }
@@ -90,7 +90,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
 grpc::Status WorkerService::ProfileUnits(grpc::ServerContext*, const v1::ProfileRequest* request,
                                          v1::ProfileResponse* response) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (host_ && !host_->failed()) {
       return grpc::Status(
           grpc::StatusCode::FAILED_PRECONDITION,
@@ -109,7 +109,7 @@ grpc::Status WorkerService::ProfileUnits(grpc::ServerContext*, const v1::Profile
     return ToGrpc(st);
   }
   if (request->token_input() && request->vocab() < 1) return bad("vocab: >= 1 for token input");
-  std::lock_guard<std::mutex> profiling(profile_mu_);
+  absl::MutexLock profiling(&profile_mu_);
   at::init_num_threads();  // OpenMP's thread count is per thread (see StageHost)
   const TensorType input{shape, request->token_input()};
   auto costs = ::pipemare::ProfileUnits(
@@ -173,13 +173,13 @@ grpc::Status WorkerService::ReleaseStage(grpc::ServerContext*,
                                          v1::ReleaseStageResponse*) {
   std::shared_ptr<StageHost> host;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (host_ && host_->job_id() == request->job_id()) host = std::move(host_);
     CountStagesLocked();
   }
   if (host) {
     host->Stop();
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     KeepMemoryLocked(*host);
   }
   if (host) LogInfo(ForJob(request->job_id()), "released stage");
@@ -204,7 +204,7 @@ v1::ServedStage WorkerService::Served() {
   std::shared_ptr<StageHost> host;
   v1::ServedStage served;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     host = host_;
     if (!host && !memory_job_.empty()) {
       served.set_job_id(memory_job_);
@@ -225,14 +225,14 @@ v1::ServedStage WorkerService::Served() {
 void WorkerService::ReleaseAll(const std::string& why) {
   std::shared_ptr<StageHost> host;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     host = std::move(host_);
     CountStagesLocked();
   }
   if (host) {
     LogWarning(ForJob(host->job_id()), absl::StrCat("dropping stage: ", why));
     host->Stop();
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     KeepMemoryLocked(*host);
   }
 }

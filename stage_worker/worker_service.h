@@ -7,9 +7,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
 #include "stage_worker/stage_host.h"
 
@@ -53,7 +54,7 @@ class WorkerService final
   void ReleaseAll(const std::string& why);
   // Whether a stage is loaded (draining waits until it is released).
   bool HasStage() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return host_ != nullptr && !host_->failed();
   }
   void set_self_address(const std::string& a) { self_address_ = a; }
@@ -66,30 +67,32 @@ class WorkerService final
 
  private:
   std::shared_ptr<StageHost> Current(const std::string& job_id);
-  // Sets the loaded-stages gauge from host_ (mu_ held).
-  void CountStagesLocked() { metrics_->SetLoadedStages(host_ ? 1 : 0); }
+  // Sets the loaded-stages gauge from host_.
+  void CountStagesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    metrics_->SetLoadedStages(host_ ? 1 : 0);
+  }
 
   const torch::Device device_;
   std::string self_address_;
   bool plaintext_ = false;
   WorkerMetrics* const metrics_;
   const VirtualDevice virtual_device_;
-  std::mutex mu_;
-  std::shared_ptr<StageHost> host_;  // GUARDED_BY(mu_)
+  absl::Mutex mu_;
+  std::shared_ptr<StageHost> host_ ABSL_GUARDED_BY(mu_);
   // Cuts kept by the last stage that ended, and its job, stage and
   // generation.
-  std::string memory_job_;           // GUARDED_BY(mu_)
-  int memory_stage_ = -1;            // GUARDED_BY(mu_)
-  int64_t memory_generation_ = 0;    // GUARDED_BY(mu_)
-  std::vector<RetainedCut> memory_;  // GUARDED_BY(mu_)
-  // Keeps `host`'s cuts as memory_ (mu_ held).
-  void KeepMemoryLocked(const StageHost& host) {
+  std::string memory_job_ ABSL_GUARDED_BY(mu_);
+  int memory_stage_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t memory_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<RetainedCut> memory_ ABSL_GUARDED_BY(mu_);
+  // Keeps `host`'s cuts as memory_.
+  void KeepMemoryLocked(const StageHost& host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     memory_job_ = host.job_id();
     memory_stage_ = host.stage();
     memory_generation_ = host.generation();
     memory_ = host.Retained();
   }
-  std::mutex profile_mu_;  // one ProfileUnits at a time
+  absl::Mutex profile_mu_;  // one ProfileUnits at a time
 };
 
 }  // namespace pipemare
