@@ -28,13 +28,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-v1::RegisterWorkerRequest Worker(const std::string& address, const std::string& instance) {
-  v1::RegisterWorkerRequest r;
-  r.set_address(address);
-  r.set_instance_id(instance);
-  return r;
-}
-
 // ---------------------------------------------------------------------------
 // The job manager's state machine. Each test scripts what one run of the
 // job does (JobManager::RunOnce: lose a stage, fail, wait for cancel,
@@ -90,9 +83,10 @@ v1::JobSpec Spec(int stages, int max_restarts, double wait_seconds, bool shrink)
 // Registers `n` workers at 10.0.1.<first..>:7071.
 void AddWorkers(WorkerRegistry& registry, int n, int first = 1) {
   for (int i = first; i < first + n; ++i) {
-    ASSERT_TRUE(
-        registry.Register(Worker(absl::StrCat("10.0.1.", i, ":7071"), absl::StrCat("instance-", i)))
-            .ok());
+    v1::RegisterWorkerRequest r;
+    r.set_address(absl::StrCat("10.0.1.", i, ":7071"));
+    r.set_instance_id(absl::StrCat("instance-", i));
+    ASSERT_TRUE(registry.Register(r).ok());
   }
 }
 
