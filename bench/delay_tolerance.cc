@@ -3,7 +3,7 @@
 // trains the fine-grained MLP of bench/convergence.sh (pipeline::BuildUnits,
 // same seed and weights) on MNIST with every gradient applied a uniform τ
 // steps after it was computed, as if every layer were a stage with delay τ,
-// for τ in --taus and each correction of pipeline/pipemare_math.h:
+// for τ in --taus and each correction of pipeline/core/pipemare_math.h:
 //   none  v ← m·v + g, w ← w − α·v (delayed momentum SGD)
 //   sc    spike compensation: w ← w − α·(a·v + b·g), a, b = SpikeCompensation(m, τ)
 //   lwp   linear weight prediction: the gradient is computed at
@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "bench/mnist_mlp.h"
-#include "pipeline/lr_schedule.h"
-#include "pipeline/pipemare_math.h"
+#include "pipeline/core/lr_schedule.h"
+#include "pipeline/core/pipemare_math.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // bench_harness: trains a job spec's MLP in one process through the
-// in-process harness (pipeline/harness.h), i.e. through the very stage
+// in-process harness (pipeline/runtime/harness.h), i.e. through the very stage
 // executor and runtime the workers run, on the job's own data in the job's
-// own order (pipeline/training.h), without gRPC or threads. It answers "does
+// own order (pipeline/core/training.h), without gRPC or threads. It answers "does
 // production differ from the replay, or is this the schedule itself?": the
 // same spec through real workers and through here should train alike.
 // Prints one JSON line every --every steps and one at the end.
@@ -14,10 +14,10 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "pipeline/data.h"
-#include "pipeline/harness.h"
-#include "pipeline/job_spec.h"
-#include "pipeline/training.h"
+#include "pipeline/core/data.h"
+#include "pipeline/core/job_spec.h"
+#include "pipeline/core/training.h"
+#include "pipeline/runtime/harness.h"
 
 namespace {
 

@@ -8,8 +8,8 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
-#include "pipeline/mnist.h"
-#include "pipeline/model.h"
+#include "pipeline/core/mnist.h"
+#include "pipeline/model/model.h"
 
 namespace pipemare::bench {
 

@@ -4,7 +4,7 @@
 # the replay, or is this the edge of stability?
 #
 #   1. bench_harness: the in-process harness, i.e. the workers' own executor
-#      and runtime (pipeline/stage_executor.h), on the job's own data in the
+#      and runtime (pipeline/runtime/stage_executor.h), on the job's own data in the
 #      job's own order, for SEEDS at lr 0.1 and at lr 0.05.
 #   2. the same spec through real worker processes (pipemarectl local), for
 #      seeds 1 and 2 at lr 0.1 (REAL=0 skips it).

@@ -6,7 +6,7 @@
 #   python3 bench/pipeline_report.py OUT_DIR     (the Markdown table)
 #
 # By default the workers run on the virtual device (pipemare-worker
-# --virtual-device FWD_MS,BWD_MS; pipeline/stage_runtime.h): each unit's
+# --virtual-device FWD_MS,BWD_MS; pipeline/runtime/stage_runtime.h): each unit's
 # compute is a sleep, every message, tensor shape and schedule decision is
 # real, so a 32-stage pipeline can be measured on 2 cores. The model is an
 # MLP with one unit per stage (784, WIDTH x (P-1), 10); a run trains

@@ -10,7 +10,7 @@ the job's shapes (the data pipeline is not what is compared). Prints one JSON li
 `mlp` is the zoo's mlp exactly (Linear + ReLU, none after the last). `lm` is a decoder-only
 transformer of the zoo's sizes (byte vocabulary 256, learned positions, pre-norm blocks with causal
 attention and a 4x MLP, a final LayerNorm and the head), built from torch.nn: the same arithmetic
-per token as pipeline/model.cc's, not the same code.
+per token as pipeline/model/model.cc's, not the same code.
 Needs only PyTorch (scripts/gpu-check.sh runs it on the GPU host).
 """
 import argparse

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "bench/mnist_mlp.h"
-#include "pipeline/stage_runtime.h"
+#include "pipeline/runtime/stage_runtime.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_single: one-process LibTorch baseline for bench/single.sh"};

@@ -7,9 +7,9 @@
 #include "client/follow.h"
 #include "client/format.h"
 #include "common/rpc.h"
-#include "pipeline/checkpoint.h"
-#include "pipeline/job_spec.h"
-#include "pipeline/schedule.h"
+#include "pipeline/core/checkpoint.h"
+#include "pipeline/core/job_spec.h"
+#include "pipeline/core/schedule.h"
 
 namespace pipemare::client {
 namespace {

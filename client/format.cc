@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
-#include "pipeline/schedule.h"
-#include "pipeline/settings.h"
+#include "pipeline/core/schedule.h"
+#include "pipeline/core/settings.h"
 
 namespace pipemare::client {
 namespace {

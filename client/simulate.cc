@@ -9,8 +9,8 @@
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/format.h"
-#include "pipeline/pipemare_math.h"
-#include "pipeline/schedule.h"
+#include "pipeline/core/pipemare_math.h"
+#include "pipeline/core/schedule.h"
 
 namespace pipemare::client {
 

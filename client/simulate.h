@@ -1,5 +1,5 @@
 // `pipemarectl simulate FILE`: prints each stage's plan for one epoch of the
-// job (pipeline/schedule.h) and the utilization and delays it predicts, next
+// job (pipeline/core/schedule.h) and the utilization and delays it predicts, next
 // to gpipe on the same pipeline. Runs nothing, needs no coordinator.
 #ifndef PIPEMARE_CLIENT_SIMULATE_H_
 #define PIPEMARE_CLIENT_SIMULATE_H_

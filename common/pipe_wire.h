@@ -15,8 +15,11 @@
 // consumer copies it once into its tensor, or adopts it when it arrived as
 // one slice.
 //
-// No LibTorch here: the coordinator's feeds use it too (pipeline/torch_codec.h
-// has the tensor side).
+// The tensor layout's rules are here too (ValidateTensorLayout): dtype, at
+// most 8 dimensions, raw little-endian bytes, row-major, exactly as many bytes
+// as dtype and shape say. This is the one module that knows the wire; no
+// LibTorch here, the coordinator's feeds use it too. The torch side (tensors
+// in and out, dtypes) is stage_worker/tensor_wire.h.
 #ifndef PIPEMARE_COMMON_PIPE_WIRE_H_
 #define PIPEMARE_COMMON_PIPE_WIRE_H_
 
@@ -24,13 +27,28 @@
 #include <grpcpp/support/slice.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
+
+// Bytes per element of `dtype`; 0 for DTYPE_UNSPECIFIED or unknown values.
+int ElementSize(v1::DType dtype);
+
+// Number of elements of `shape`, or INVALID_ARGUMENT for a negative dimension
+// or an overflow.
+absl::StatusOr<int64_t> ElementCount(const google::protobuf::RepeatedField<int64_t>& shape);
+
+// OK iff the dtype is known, no dimension is negative, there are at most 8
+// dimensions, and `data_bytes` (the tensor's data, which may travel apart from
+// it) == elements * ElementSize(dtype). The message says which of these broke,
+// with the numbers.
+absl::Status ValidateTensorLayout(const v1::Tensor& tensor, int64_t data_bytes);
 
 // Bytes the wire borrows: `data` stays valid while `owner` lives.
 struct WirePayload {

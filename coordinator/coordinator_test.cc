@@ -21,7 +21,7 @@
 #include "coordinator/run_results.h"
 #include "coordinator/worker_registry.h"
 #include "google/protobuf/util/json_util.h"
-#include "pipeline/checkpoint.h"
+#include "pipeline/core/checkpoint.h"
 
 namespace pipemare {
 namespace {

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/thread_name.h"
-#include "pipeline/checkpoint.h"
+#include "pipeline/core/checkpoint.h"
 
 namespace pipemare {
 

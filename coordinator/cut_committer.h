@@ -1,4 +1,4 @@
-// The coordinator's side of a run's checkpoints (pipeline/checkpoint.h):
+// The coordinator's side of a run's checkpoints (pipeline/core/checkpoint.h):
 // asks every stage which cuts it has written, and when all have written the
 // same one, newer than the last committed, verifies its files, commits its
 // manifest, tells the stages (each keeps the committed cut in memory for a
@@ -23,7 +23,7 @@
 
 #include "absl/status/status.h"
 #include "coordinator/job_store.h"
-#include "pipeline/partition.h"
+#include "pipeline/core/partition.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {

@@ -19,7 +19,7 @@
 
 #include "absl/status/status.h"
 #include "common/pipe_stream.h"
-#include "pipeline/data.h"
+#include "pipeline/core/data.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {

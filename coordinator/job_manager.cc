@@ -13,12 +13,12 @@
 #include "common/thread_name.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "pipeline/checkpoint.h"
-#include "pipeline/data.h"
-#include "pipeline/file_access.h"
-#include "pipeline/job_spec.h"
-#include "pipeline/model_plan.h"
-#include "pipeline/settings.h"
+#include "pipeline/core/checkpoint.h"
+#include "pipeline/core/data.h"
+#include "pipeline/core/file_access.h"
+#include "pipeline/core/job_spec.h"
+#include "pipeline/core/settings.h"
+#include "pipeline/model/model_plan.h"
 
 namespace pipemare {
 
@@ -236,6 +236,21 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
   return store_->Get(job.id());
 }
 
+absl::StatusOr<Manifest> JobManager::NewestCut(const v1::JobStatus& job) {
+  std::vector<std::string> skipped;
+  auto m = NewestValidManifest(CheckpointDirOf(job), job.id(), &skipped);
+  for (const auto& why : skipped) {
+    LogError(ForJob(job.id()), absl::StrCat("skipped a damaged checkpoint: ", why));
+  }
+  if (!skipped.empty()) {
+    if (auto counted = store_->AddSkippedCuts(job.id(), static_cast<int>(skipped.size()));
+        !counted.ok()) {
+      LogWarning(ForJob(job.id()), std::string(counted.message()));
+    }
+  }
+  return m;
+}
+
 absl::StatusOr<v1::ExportModelResponse> JobManager::Export(const std::string& id, int64_t step) {
   auto job = store_->Get(id);
   if (!job.ok()) return job.status();
@@ -249,14 +264,7 @@ absl::StatusOr<v1::ExportModelResponse> JobManager::Export(const std::string& id
   const std::string dir = CheckpointDirOf(*job);
   absl::StatusOr<Manifest> manifest;
   if (step == 0) {
-    std::vector<std::string> skipped;
-    manifest = NewestValidManifest(dir, id, &skipped);
-    for (const auto& why : skipped) {
-      LogError(ForJob(id), absl::StrCat("skipped a damaged checkpoint: ", why));
-    }
-    if (!skipped.empty()) {
-      store_->AddSkippedCuts(id, static_cast<int>(skipped.size())).IgnoreError();
-    }
+    manifest = NewestCut(*job);
   } else {
     manifest = ReadManifest(CheckpointStepDir(dir, id, step));
     if (absl::IsNotFound(manifest.status())) {
@@ -536,14 +544,7 @@ absl::Status JobManager::RunJob(const std::string& id, std::vector<v1::WorkerInf
     std::optional<Manifest> resume;
     bool weights_only = false;
     if (!job->checkpoint().manifest().empty()) {
-      std::vector<std::string> skipped;
-      auto m = NewestValidManifest(CheckpointDirOf(*job), id, &skipped);
-      for (const auto& why : skipped) {
-        LogError(ForJob(id), absl::StrCat("skipped a damaged checkpoint: ", why));
-      }
-      if (!skipped.empty()) {
-        store_->AddSkippedCuts(id, static_cast<int>(skipped.size())).IgnoreError();
-      }
+      auto m = NewestCut(*job);
       if (!m.ok()) return m.status();
       resume = std::move(*m);
     } else if (!job->from_checkpoint().empty() || !job->init_from().empty()) {

@@ -60,7 +60,7 @@ class JobManager {
   // FAILED_PRECONDITION for a job in another state or without a checkpoint.
   absl::StatusOr<v1::JobStatus> Resume(const std::string& id);
   // Wakes the scheduler (a worker registered or became idle).
-  void Poke();
+  void Poke() ABSL_LOCKS_EXCLUDED(mu_);
   // A worker about to stop: never given a stage again; the job it serves
   // drains at its next step, cuts a checkpoint there and recovers without it.
   // Returns that job's id ("" when idle). NOT_FOUND for an unknown worker.
@@ -78,6 +78,9 @@ class JobManager {
   // or a step directory / manifest.json path, fully verified; sets
   // `manifest_path`. INVALID_ARGUMENT naming from_checkpoint otherwise.
   absl::StatusOr<Manifest> ResolveFrom(const std::string& from, std::string* manifest_path);
+  // The newest cut of `job` that verifies; each damaged newer one is logged
+  // and counted in its checkpoint.skipped.
+  absl::StatusOr<Manifest> NewestCut(const v1::JobStatus& job);
   void SchedulerLoop();
   bool ShuttingDown() ABSL_LOCKS_EXCLUDED(mu_);
   void StartJob(const std::string& id, std::vector<v1::WorkerInfo> workers,

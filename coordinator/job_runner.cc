@@ -12,14 +12,14 @@
 #include "coordinator/run_plan.h"
 #include "coordinator/run_results.h"
 #include "coordinator/stage_clients.h"
-#include "pipeline/checkpoint.h"
-#include "pipeline/data.h"
-#include "pipeline/job_spec.h"
-#include "pipeline/model_plan.h"
-#include "pipeline/pipemare_math.h"
-#include "pipeline/schedule.h"
-#include "pipeline/settings.h"
-#include "pipeline/training.h"
+#include "pipeline/core/checkpoint.h"
+#include "pipeline/core/data.h"
+#include "pipeline/core/job_spec.h"
+#include "pipeline/core/pipemare_math.h"
+#include "pipeline/core/schedule.h"
+#include "pipeline/core/settings.h"
+#include "pipeline/core/training.h"
+#include "pipeline/model/model_plan.h"
 
 namespace pipemare {
 
@@ -143,10 +143,11 @@ absl::Status JobRunner::Impl::LoadStages(std::vector<v1::StageAssignment> assign
     }
     r_.registry_->SetStage(r_.workers_[i].id(), i);
     if (resp.restored_from_memory()) ++r_.context_->restored_from_memory;
-    r_.store_
-        ->SetStageLoaded(r_.job_id_, i, resp.parameters(), resp.restored_from_memory(),
-                         resp.analytic_delay())
-        .IgnoreError();
+    if (auto recorded = r_.store_->SetStageLoaded(
+            r_.job_id_, i, resp.parameters(), resp.restored_from_memory(), resp.analytic_delay());
+        !recorded.ok()) {
+      LogWarning(ForJob(r_.job_id_), std::string(recorded.message()));
+    }
   }
   return absl::OkStatus();
 }
@@ -263,7 +264,9 @@ void JobRunner::Impl::PollStages() {
   for (int i = 0; i < P_; ++i) {
     v1::StageStatusResponse resp;
     if (!stages_->Status(i, committed_step(), &resp).ok()) continue;
-    r_.store_->UpdateStageLive(r_.job_id_, i, resp).IgnoreError();
+    if (auto recorded = r_.store_->UpdateStageLive(r_.job_id_, i, resp); !recorded.ok()) {
+      LogWarning(ForJob(r_.job_id_), std::string(recorded.message()));
+    }
   }
 }
 

@@ -20,8 +20,8 @@
 #include "absl/synchronization/mutex.h"
 #include "coordinator/job_store.h"
 #include "coordinator/worker_registry.h"
-#include "pipeline/checkpoint.h"
-#include "pipeline/model_plan.h"
+#include "pipeline/core/checkpoint.h"
+#include "pipeline/model/model_plan.h"
 
 namespace pipemare {
 

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "google/protobuf/util/json_util.h"
-#include "pipeline/checkpoint.h"
+#include "pipeline/core/checkpoint.h"
 
 namespace pipemare {
 
@@ -350,6 +350,16 @@ void JobStore::Changed(Entry& e) {
   ++changes_;
 }
 
+namespace {
+// OUT_OF_RANGE when the job has no stage `stage` (a caller's mistake, not a
+// worker's: the runner indexes the plan it set).
+absl::Status StageInRange(const v1::JobStatus& s, int stage) {
+  if (stage >= 0 && stage < s.stages_size()) return absl::OkStatus();
+  return absl::OutOfRangeError(
+      absl::StrCat("job '", s.id(), "' has no stage ", stage, " (it has ", s.stages_size(), ")"));
+}
+}  // namespace
+
 absl::Status JobStore::Mutate(const std::string& id, bool durable,
                               const std::function<void(v1::JobStatus&)>& fn) {
   absl::MutexLock lock(&mu_);
@@ -426,13 +436,16 @@ absl::Status JobStore::SetPlan(const std::string& id, const std::string& task,
 
 absl::Status JobStore::SetStageLoaded(const std::string& id, int stage, int64_t parameters,
                                       bool restored_from_memory, double analytic_delay) {
-  return Mutate(id, true, [&](v1::JobStatus& s) {
-    if (stage < 0 || stage >= s.stages_size()) return;
+  absl::Status in_range;
+  auto done = Mutate(id, true, [&](v1::JobStatus& s) {
+    in_range = StageInRange(s, stage);
+    if (!in_range.ok()) return;
     v1::StageStatus* st = s.mutable_stages(stage);
     st->set_parameters(parameters);
     st->set_restored_from_memory(restored_from_memory);
     st->set_analytic_delay(analytic_delay);
   });
+  return done.ok() ? in_range : done;
 }
 
 absl::Status JobStore::SetCheckpoint(const std::string& id, int64_t step,
@@ -483,8 +496,10 @@ absl::Status JobStore::UpdateProgress(
 
 absl::Status JobStore::UpdateStageLive(const std::string& id, int stage,
                                        const v1::StageStatusResponse& live) {
-  return Mutate(id, false, [&](v1::JobStatus& s) {
-    if (stage < 0 || stage >= s.stages_size()) return;
+  absl::Status in_range;
+  auto done = Mutate(id, false, [&](v1::JobStatus& s) {
+    in_range = StageInRange(s, stage);
+    if (!in_range.ok()) return;
     v1::StageStatus* st = s.mutable_stages(stage);
     st->set_measured_delay(live.measured_delay());
     st->set_learning_rate(live.learning_rate());
@@ -493,6 +508,7 @@ absl::Status JobStore::UpdateStageLive(const std::string& id, int stage,
     st->set_async_from_step(live.async_from_step());
     st->set_nonfinite_skipped(live.nonfinite_skipped());
   });
+  return done.ok() ? in_range : done;
 }
 
 uint64_t JobStore::VersionIfNewer(const std::string& id, uint64_t known,

@@ -16,7 +16,7 @@
 #include "common/signals.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
-#include "pipeline/file_access.h"
+#include "pipeline/core/file_access.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"pipemare-coordinator: the Pipemare job coordinator"};

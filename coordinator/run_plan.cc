@@ -2,9 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
-#include "pipeline/job_spec.h"
-#include "pipeline/schedule.h"
-#include "pipeline/settings.h"
+#include "pipeline/core/job_spec.h"
+#include "pipeline/core/schedule.h"
+#include "pipeline/core/settings.h"
 
 namespace pipemare {
 namespace {

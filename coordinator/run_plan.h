@@ -14,10 +14,10 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/cut_committer.h"
-#include "pipeline/checkpoint.h"
-#include "pipeline/data.h"
-#include "pipeline/model_plan.h"
-#include "pipeline/partition.h"
+#include "pipeline/core/checkpoint.h"
+#include "pipeline/core/data.h"
+#include "pipeline/core/partition.h"
+#include "pipeline/model/model_plan.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {

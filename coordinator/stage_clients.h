@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "pipeline/model_plan.h"
+#include "pipeline/model/model_plan.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
 
 namespace pipemare {

@@ -19,7 +19,7 @@
 #include "coordinator/job_store.h"
 #include "coordinator/worker_registry.h"
 #include "google/protobuf/util/json_util.h"
-#include "pipeline/checkpoint.h"
+#include "pipeline/core/checkpoint.h"
 
 namespace pipemare {
 namespace {

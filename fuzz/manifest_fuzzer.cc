@@ -1,4 +1,4 @@
-// Fuzzes the checkpoint manifest reader (pipeline/checkpoint.h): the input
+// Fuzzes the checkpoint manifest reader (pipeline/core/checkpoint.h): the input
 // is written as a step directory's manifest.json and read back.
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-#include "pipeline/checkpoint.h"
+#include "pipeline/core/checkpoint.h"
 
 namespace {
 std::string StepDir() {

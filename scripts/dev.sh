@@ -23,7 +23,7 @@ jobs=${JOBS:-$(nproc)}
 # (/usr/share/datasets/fashion-mnist) for examples/fashion_mnist_pipemare.yaml
 # and the end-to-end tests; fortunes is a plain-text corpus for data.type text
 # (/usr/share/games/fortunes/cookie, 245 kB of ASCII) for the examples and
-# pipeline/data_test.cc. python3-torch and python3-numpy load exported models
+# pipeline/core/data_test.cc. python3-torch and python3-numpy load exported models
 # in plain PyTorch (examples/export_eval.py, tests/checkpoint_test.cc).
 # libsqlite3-dev holds the coordinator's state (--state-dir/state.db);
 # sqlite3 is its shell, for reading that file by hand. podman (with runc,

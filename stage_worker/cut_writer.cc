@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/thread_name.h"
-#include "pipeline/checkpoint_units.h"
+#include "pipeline/model/checkpoint_units.h"
 
 namespace pipemare {
 namespace {

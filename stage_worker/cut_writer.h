@@ -1,5 +1,5 @@
 // The stage's checkpoint writer: the stage executor hands it each cut's
-// snapshot (host memory), and its thread writes it (pipeline/checkpoint.h)
+// snapshot (host memory), and its thread writes it (pipeline/core/checkpoint.h)
 // while the stage trains on, then keeps the newest cuts in memory so a
 // recovery that rolls back to one of them restores this stage without
 // reading disk. It reports what it wrote in the stage's status.
@@ -15,8 +15,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "pipeline/checkpoint_units.h"
-#include "pipeline/stage_runtime.h"
+#include "pipeline/model/checkpoint_units.h"
+#include "pipeline/runtime/stage_runtime.h"
 #include "pipemare/v1/pipemare.pb.h"
 #include "stage_worker/stage_metrics.h"
 

@@ -33,7 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "pipeline/settings.h"
+#include "pipeline/core/settings.h"
 
 namespace pipemare {
 

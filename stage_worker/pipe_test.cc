@@ -113,6 +113,53 @@ TEST(PipeWire, EveryDtypeRoundTripsWhetherItArrivesInOneSliceOrMany) {
   EXPECT_TRUE(torch::equal(*FromWire(m), transposed));
 }
 
+TEST(PipeWire, TorchAndWireDtypesMapBothWaysAndTypesWithoutAnEncodingAreRefused) {
+  for (torch::ScalarType type :
+       {torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kBFloat16, torch::kInt64,
+        torch::kInt32, torch::kUInt8, torch::kBool}) {
+    SCOPED_TRACE(c10::toString(type));
+    const v1::DType wire = WireDType(type);
+    EXPECT_NE(wire, v1::DTYPE_UNSPECIFIED);
+    EXPECT_EQ(TorchType(wire), type);
+  }
+  for (torch::ScalarType type : {torch::kComplexFloat, torch::kInt16, torch::kInt8}) {
+    EXPECT_EQ(WireDType(type), v1::DTYPE_UNSPECIFIED);
+    auto refused = ToWire(torch::zeros({2}, torch::TensorOptions().dtype(type)));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), "no wire encoding"));
+  }
+  EXPECT_EQ(TorchType(v1::DTYPE_UNSPECIFIED), std::nullopt);
+}
+
+TEST(PipeWire, AHalfWireDtypeHalvesTheBytesAndComesBackAsFloat32ButIdsNeverChange) {
+  EXPECT_EQ(SendAs(WireDtype::kFloat32), std::nullopt);
+  const torch::Tensor x = torch::linspace(-3, 3, 64).reshape({8, 8});
+  for (WireDtype dtype : {WireDtype::kFloat16, WireDtype::kBFloat16}) {
+    SCOPED_TRACE(WireDtypeName(dtype));
+    auto wire = ToWire(x, SendAs(dtype));
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    EXPECT_EQ(wire->header.dtype(), PeerDType(dtype));
+    EXPECT_EQ(wire->payload.size, 64u * 2);
+    grpc::ByteBuffer buffer = EncodePipeMessage(
+        [&] {
+          v1::StageMessage m;
+          *m.mutable_activation() = wire->header;
+          return m;
+        }(),
+        wire->payload);
+    PipeMessage m;
+    ASSERT_TRUE(DecodePipeMessage(buffer, &m).ok());
+    auto back = FromWire(m, torch::kFloat32);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::allclose(*back, x, /*rtol=*/1e-2, /*atol=*/1e-2));
+  }
+  // Integer payloads (targets, token ids) never change type.
+  auto ids = ToWire(torch::arange(4), SendAs(WireDtype::kFloat16));
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->header.dtype(), v1::INT64);
+}
+
 TEST(PipeWire, AOneSliceAlignedPayloadIsAdoptedNotCopied) {
   torch::Tensor t = torch::randn({64, 16});
   WireTensor wire;

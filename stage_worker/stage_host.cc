@@ -9,7 +9,6 @@
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/thread_name.h"
-#include "pipeline/torch_codec.h"
 #include "stage_worker/tensor_wire.h"
 
 namespace pipemare {

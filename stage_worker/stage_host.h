@@ -1,6 +1,6 @@
 // StageHost: runs one stage assignment on a worker. It owns the stage
 // runtime, the stage machine that decides what the stage does with what
-// arrives (pipeline/stage_machine.h), the stage's links to its neighbours
+// arrives (pipeline/runtime/stage_machine.h), the stage's links to its neighbours
 // (stage_worker/stage_links.h), the checkpoint writer
 // (stage_worker/cut_writer.h), and the compute thread.
 //
@@ -33,8 +33,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/pipe_stream.h"
-#include "pipeline/stage_machine.h"
-#include "pipeline/stage_runtime.h"
+#include "pipeline/runtime/stage_machine.h"
+#include "pipeline/runtime/stage_runtime.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
 #include "stage_worker/cut_writer.h"
 #include "stage_worker/stage_links.h"
@@ -48,7 +48,7 @@ class StageHost {
   // a.downstream_address() (which must already have its stage loaded).
   // `self_address` only labels error messages. `metrics` (not null) receives
   // the stage's timings, traffic and stats. `virtual_device`: see
-  // pipeline/stage_runtime.h (benchmarks only). `memory` (optional): cuts a
+  // pipeline/runtime/stage_runtime.h (benchmarks only). `memory` (optional): cuts a
   // previous stage of this worker kept; units of a.restore() found there are
   // restored from memory instead of disk.
   static absl::StatusOr<std::shared_ptr<StageHost>> Start(

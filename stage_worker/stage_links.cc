@@ -8,8 +8,7 @@
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/thread_name.h"
-#include "pipeline/settings.h"
-#include "pipeline/torch_codec.h"
+#include "pipeline/core/settings.h"
 
 namespace pipemare {
 namespace {
@@ -41,7 +40,7 @@ StageLinks::StageLinks(const v1::StageAssignment& a, std::string self_address,
       window_(window),
       on_message_(std::move(on_message)),
       on_end_(std::move(on_end)),
-      wire_dtype_(WireScalarType(a.schedule().wire_dtype())) {}
+      wire_dtype_(SendAs(WireDtypeOf(a.schedule().wire_dtype()))) {}
 
 StageLinks::~StageLinks() {
   Abort("the stage stops");

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "common/buffer_pool.h"
-#include "pipeline/stage_runtime.h"
+#include "pipeline/runtime/stage_runtime.h"
 
 namespace pipemare {
 namespace {

@@ -5,9 +5,59 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/buffer_pool.h"
-#include "pipeline/torch_codec.h"
 
 namespace pipemare {
+
+std::optional<torch::ScalarType> TorchType(v1::DType dtype) {
+  switch (dtype) {
+    case v1::FLOAT32:
+      return torch::kFloat32;
+    case v1::FLOAT64:
+      return torch::kFloat64;
+    case v1::FLOAT16:
+      return torch::kFloat16;
+    case v1::BFLOAT16:
+      return torch::kBFloat16;
+    case v1::INT64:
+      return torch::kInt64;
+    case v1::INT32:
+      return torch::kInt32;
+    case v1::UINT8:
+      return torch::kUInt8;
+    case v1::BOOL:
+      return torch::kBool;
+    default:
+      return std::nullopt;
+  }
+}
+
+v1::DType WireDType(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat32:
+      return v1::FLOAT32;
+    case torch::kFloat64:
+      return v1::FLOAT64;
+    case torch::kFloat16:
+      return v1::FLOAT16;
+    case torch::kBFloat16:
+      return v1::BFLOAT16;
+    case torch::kInt64:
+      return v1::INT64;
+    case torch::kInt32:
+      return v1::INT32;
+    case torch::kUInt8:
+      return v1::UINT8;
+    case torch::kBool:
+      return v1::BOOL;
+    default:
+      return v1::DTYPE_UNSPECIFIED;
+  }
+}
+
+std::optional<torch::ScalarType> SendAs(WireDtype dtype) {
+  if (dtype == WireDtype::kFloat32) return std::nullopt;
+  return TorchType(PeerDType(dtype));
+}
 
 absl::StatusOr<WireTensor> ToWire(const torch::Tensor& tensor,
                                   std::optional<torch::ScalarType> as) {

@@ -1,4 +1,5 @@
-// torch::Tensor <-> the Pipe stream's zero-copy wire (common/pipe_wire.h).
+// torch::Tensor <-> the Pipe stream's zero-copy wire (common/pipe_wire.h, the
+// format and its checks): the one place tensors and dtypes cross to the wire.
 //
 // Copies of a payload between two stages, per hop:
 //   send:    0 of ours: the payload slice points at the tensor's own storage
@@ -21,9 +22,18 @@
 
 #include "absl/status/statusor.h"
 #include "common/pipe_wire.h"
+#include "pipeline/core/settings.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
+
+// The torch scalar type of a wire dtype, or nullopt for one it lacks.
+std::optional<torch::ScalarType> TorchType(v1::DType dtype);
+// The wire dtype of a torch scalar type, or DTYPE_UNSPECIFIED.
+v1::DType WireDType(torch::ScalarType type);
+// What a floating tensor is converted to before it travels to a neighbour
+// under `dtype` (schedule.wire_dtype, PeerDType); nullopt for float32.
+std::optional<torch::ScalarType> SendAs(WireDtype dtype);
 
 // `tensor` on the wire: its dtype and shape (data empty) and its bytes.
 struct WireTensor {

@@ -3,9 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/rpc.h"
-#include "pipeline/job_spec.h"
-#include "pipeline/model.h"
-#include "pipeline/settings.h"
+#include "pipeline/core/job_spec.h"
+#include "pipeline/core/settings.h"
+#include "pipeline/model/model.h"
 
 namespace pipemare {
 

@@ -27,7 +27,7 @@ class WorkerService final
     : public v1::StageWorker::WithRawCallbackMethod_Pipe<v1::StageWorker::Service> {
  public:
   // `metrics` must outlive the service.
-  // `virtual_device`: see pipeline/stage_runtime.h (benchmarks only).
+  // `virtual_device`: see pipeline/runtime/stage_runtime.h (benchmarks only).
   WorkerService(torch::Device device, std::string self_address, WorkerMetrics* metrics,
                 VirtualDevice virtual_device = {})
       : device_(device),

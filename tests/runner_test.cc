@@ -16,7 +16,7 @@
 #include "coordinator/job_runner.h"
 #include "coordinator/job_store.h"
 #include "coordinator/worker_registry.h"
-#include "pipeline/job_spec.h"
+#include "pipeline/core/job_spec.h"
 #include "stage_worker/stage_metrics.h"
 #include "stage_worker/worker_service.h"
 #include "tests/process.h"
