@@ -72,10 +72,9 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
   }
   auto kind = ParseScheduleKind(a.schedule().type());
   if (!kind.ok()) return kind.status();
-  v1::OptimizerSpec optimizer = a.optimizer();
-  if (optimizer.type().empty()) optimizer.set_type("sgd");
-  if (optimizer.lr_schedule().empty()) optimizer.set_lr_schedule("constant");
-  if (auto st = ValidateOptimizerSpec(optimizer); !st.ok()) return st;
+  // The worker's edge: the coordinator sends a defaulted spec, and an empty
+  // type or lr_schedule reads as its default (settings.h) here too.
+  if (auto st = ValidateOptimizerSpec(a.optimizer()); !st.ok()) return st;
   if (a.schedule().microbatches_per_step() < 1) {
     return Bad("schedule.microbatches_per_step", "must be >= 1");
   }
