@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "pipeline/core/data.h"
 #include "pipeline/core/job_spec.h"
+#include "pipeline/core/settings.h"
 #include "pipeline/core/training.h"
 #include "pipeline/runtime/harness.h"
 
@@ -64,7 +65,8 @@ int main(int argc, char** argv) {
   if (epochs > 0) spec->mutable_train()->set_epochs(epochs);
   pipemare::ApplyJobSpecDefaults(*spec);
   if (auto st = pipemare::ValidateJobSpec(*spec); !st.ok()) Fail(st);
-  if (spec->model().type() != "mlp" || spec->data().type() == "text") {
+  if (pipemare::ModelKindOf(spec->model().type()) != pipemare::ModelKind::kMlp ||
+      pipemare::DataKindOf(spec->data().type()) == pipemare::DataKind::kText) {
     Fail(absl::InvalidArgumentError("model.type: bench_harness runs mlp models on image data"));
   }
   auto data = pipemare::LoadData(spec->data());
