@@ -195,6 +195,16 @@ std::string StageHost::Labeled(absl::string_view message) const {
 
 void StageHost::OnStreamEnd(Side side, const grpc::Status& status) {
   if (stopping_ || failed_) return;
+  if (machine_ && machine_->trained()) {
+    // The job's training is over: the coordinator closes the feeds and
+    // releases the stages one by one; what is left to it (a worker lost
+    // during the last evaluation) it sees by its own heartbeats.
+    LogInfo(
+        ForStage(assignment_.job_id(), assignment_.stage()),
+        Labeled(absl::StrCat(links_->SideName(side), " ended after the job's last step",
+                             status.ok() ? "" : absl::StrCat(" (", status.error_message(), ")"))));
+    return;
+  }
   Fail(Labeled(absl::StrCat("lost its ", links_->SideName(side),
                             status.ok() ? "" : absl::StrCat(": ", status.error_message()))),
        side);

@@ -64,6 +64,11 @@ TEST(EndToEnd, PipeMareTrainsAndClientReportsIt) {
   EXPECT_EQ(workers.exit_code, 0);
   EXPECT_TRUE(absl::StrContains(workers.out, "IDLE")) << workers.out;
   EXPECT_EQ(cluster.CountWorkers(v1::IDLE), 4) << "workers return to idle after the job";
+  // A job that ends well fails no stage on the way out (the feeds close and
+  // the stages are released one by one after the last step).
+  const std::string logs = cluster.Logs();
+  EXPECT_FALSE(absl::StrContains(logs, "stage failed")) << logs;
+  EXPECT_TRUE(absl::StrContains(logs, "after the job's last step")) << logs;
 }
 
 TEST(EndToEnd, GPipeTrainsWithZeroDelay) {

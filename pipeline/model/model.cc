@@ -455,12 +455,12 @@ double ZooUnitParameters(const v1::ModelSpec& m, ModelKind kind, int u, int tota
 
 // The layers of unit u of a zoo model, given the unit's input.
 absl::StatusOr<torch::nn::Sequential> ZooUnit(const v1::ModelSpec& m, ModelKind kind, int u,
-                                              int total,
-                                              const TensorType& in, const std::string& label,
-                                              const SizeLimit& limit) {
+                                              int total, const TensorType& in,
+                                              const std::string& label, const SizeLimit& limit) {
   namespace nn = torch::nn;
   nn::Sequential seq;
-  if (auto st = CheckSize(ZooUnitParameters(m, kind, u, total, in), label, limit); !st.ok()) return st;
+  if (auto st = CheckSize(ZooUnitParameters(m, kind, u, total, in), label, limit); !st.ok())
+    return st;
   if (kind == ModelKind::kMlp) {
     const int64_t features = Numel(in.shape);
     if (in.tokens || features != m.layers(u)) {
@@ -623,9 +623,8 @@ class UnitSource {
       label = absl::StrCat("unit ", u, " (", info.name, ")");
     } else {
       info.name = ZooPart(m, kind_, u, total_);
-      label = kind_ == ModelKind::kMlp
-                  ? absl::StrCat("model.layers[", u, "]")
-                  : absl::StrCat("unit ", u, " (", info.name, ")");
+      label = kind_ == ModelKind::kMlp ? absl::StrCat("model.layers[", u, "]")
+                                       : absl::StrCat("unit ", u, " (", info.name, ")");
     }
     torch::nn::AnyModule unit;
     try {
@@ -803,11 +802,10 @@ absl::StatusOr<ModelPlan> PlanModel(const v1::JobSpec& spec, const DataInfo& dat
   plan.units = std::move(*units);
   const int total = static_cast<int>(plan.units.size());
   const UnitInfo& last = plan.units.back();
-  const std::string last_label = *kind == ModelKind::kSequential
-                                     ? absl::StrCat("model.units[", total - 1, "]")
-                                 : *kind == ModelKind::kMlp
-                                     ? absl::StrCat("model.layers[", total, "]")
-                                     : absl::StrCat("unit ", total - 1, " (the last)");
+  const std::string last_label =
+      *kind == ModelKind::kSequential ? absl::StrCat("model.units[", total - 1, "]")
+      : *kind == ModelKind::kMlp      ? absl::StrCat("model.layers[", total, "]")
+                                      : absl::StrCat("unit ", total - 1, " (the last)");
   if (lm) {
     const bool ok = last.out.shape.size() == 2 && last.out.shape[0] == context &&
                     last.out.shape[1] >= data.classes;

@@ -49,6 +49,11 @@ class StageExecutor {
   };
   Next Peek() const;
   bool between_epochs() const { return next_ >= plan_.size(); }
+  // The job's training is done on this stage: its last step (total_steps)
+  // applied and that epoch's plan finished; evaluations may still come.
+  bool trained() const {
+    return total_steps_ > 0 && between_epochs() && runtime_->Stats().steps >= total_steps_;
+  }
 
   // What an action produced, for the driver to send.
   struct Output {

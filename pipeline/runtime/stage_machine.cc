@@ -394,7 +394,10 @@ absl::Status StageMachine::RunLocal(const Emit& emit) {
   for (;;) {
     auto out = executor_->RunLocal();
     if (!out.ok()) return out.status();
-    if (!out->has_value()) return absl::OkStatus();
+    if (!out->has_value()) {
+      if (executor_->trained()) trained_ = true;
+      return absl::OkStatus();
+    }
     if (auto st = emit(**out, v1::TRAIN, false); !st.ok()) return st;
   }
 }

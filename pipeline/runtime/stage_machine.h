@@ -26,6 +26,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -126,6 +127,10 @@ class StageMachine {
   absl::Status Run(Input input, const Emit& emit);
 
   int64_t nonfinite_skipped() const;
+  // Any thread: the stage has run the job's whole training plan
+  // (StageExecutor::trained), so a neighbour or feed that now closes cleanly
+  // ends the job, not the stage.
+  bool trained() const { return trained_.load(); }
   StageRuntime& runtime() { return *runtime_; }
   // The plan's position (compute thread only).
   const StageExecutor& executor() const { return *executor_; }
@@ -180,6 +185,7 @@ class StageMachine {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   int64_t nonfinite_skipped_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> trained_{false};  // set by the compute thread
 };
 
 }  // namespace pipemare
