@@ -281,6 +281,10 @@ absl::Status StageHost::Emit(const StageExecutor::Output& out, v1::Phase phase, 
       metrics_->Update(runtime_->Stats());  // observes the optimizer step
       if (out.snapshot) cuts_->Queue(out.snapshot);
       return absl::OkStatus();
+    case Action::Op::kWeight:  // zero_bubble's W: nothing to send
+      metrics_->weight_seconds->Observe(out.seconds);
+      metrics_->weight_gradients->Increment();
+      return absl::OkStatus();
     case Action::Op::kBackward:
       metrics_->backward_seconds->Observe(out.seconds);
       metrics_->backwards->Increment();

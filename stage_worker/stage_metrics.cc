@@ -44,8 +44,14 @@ WorkerMetrics::WorkerMetrics(const std::string& device)
       backward_seconds_(
           BuildHistogram()
               .Name("pipemare_stage_backward_seconds")
-              .Help("Duration of one recompute + backward of one microbatch, without the step")
+              .Help("Duration of one backward of one microbatch (with its recompute under "
+                    "schedule.recompute; zero_bubble: the input gradient B), without the step")
               .Register(*registry_)),
+      weight_seconds_(BuildHistogram()
+                          .Name("pipemare_stage_weight_gradient_seconds")
+                          .Help("zero_bubble: duration of one weight gradient (W) of one "
+                                "microbatch")
+                          .Register(*registry_)),
       step_seconds_(BuildHistogram()
                         .Name("pipemare_stage_optimizer_step_seconds")
                         .Help("Duration of one optimizer step")
@@ -166,12 +172,14 @@ StageMetrics::StageMetrics(WorkerMetrics* owner, const Labels& l) : owner_(owner
   forward_train_seconds = &w.forward_seconds_.Add(With(l, "phase", "train"), DurationBuckets());
   forward_eval_seconds = &w.forward_seconds_.Add(With(l, "phase", "eval"), DurationBuckets());
   backward_seconds = &w.backward_seconds_.Add(l, DurationBuckets());
+  weight_seconds = &w.weight_seconds_.Add(l, DurationBuckets());
   optimizer_step_seconds = &w.step_seconds_.Add(l, DurationBuckets());
   busy_seconds = &w.busy_.Add(l);
   idle_seconds = &w.idle_.Add(l);
   forwards_train = &w.microbatches_.Add(With(With(l, "pass", "forward"), "phase", "train"));
   forwards_eval = &w.microbatches_.Add(With(With(l, "pass", "forward"), "phase", "eval"));
   backwards = &w.microbatches_.Add(With(With(l, "pass", "backward"), "phase", "train"));
+  weight_gradients = &w.microbatches_.Add(With(With(l, "pass", "weight"), "phase", "train"));
   optimizer_steps = &w.steps_.Add(l);
   sent_activation_bytes = &w.sent_.Add(With(l, "kind", "activation"));
   sent_gradient_bytes = &w.sent_.Add(With(l, "kind", "gradient"));
@@ -200,12 +208,14 @@ StageMetrics::~StageMetrics() {
   w.forward_seconds_.Remove(forward_train_seconds);
   w.forward_seconds_.Remove(forward_eval_seconds);
   w.backward_seconds_.Remove(backward_seconds);
+  w.weight_seconds_.Remove(weight_seconds);
   w.step_seconds_.Remove(optimizer_step_seconds);
   w.busy_.Remove(busy_seconds);
   w.idle_.Remove(idle_seconds);
   w.microbatches_.Remove(forwards_train);
   w.microbatches_.Remove(forwards_eval);
   w.microbatches_.Remove(backwards);
+  w.microbatches_.Remove(weight_gradients);
   w.steps_.Remove(optimizer_steps);
   w.sent_.Remove(sent_activation_bytes);
   w.sent_.Remove(sent_gradient_bytes);

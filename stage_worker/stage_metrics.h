@@ -32,12 +32,14 @@ class StageMetrics {
   prometheus::Histogram* forward_train_seconds;
   prometheus::Histogram* forward_eval_seconds;
   prometheus::Histogram* backward_seconds;
+  prometheus::Histogram* weight_seconds;  // zero_bubble's W
   prometheus::Histogram* optimizer_step_seconds;
   prometheus::Counter* busy_seconds;
   prometheus::Counter* idle_seconds;
   prometheus::Counter* forwards_train;
   prometheus::Counter* forwards_eval;
   prometheus::Counter* backwards;
+  prometheus::Counter* weight_gradients;
   prometheus::Counter* optimizer_steps;
   prometheus::Counter* sent_activation_bytes;
   prometheus::Counter* sent_gradient_bytes;
@@ -95,6 +97,7 @@ class WorkerMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>& forward_seconds_;
   prometheus::Family<prometheus::Histogram>& backward_seconds_;
+  prometheus::Family<prometheus::Histogram>& weight_seconds_;
   prometheus::Family<prometheus::Histogram>& step_seconds_;
   prometheus::Family<prometheus::Counter>& busy_;
   prometheus::Family<prometheus::Counter>& idle_;

@@ -703,6 +703,32 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (s.warmup_steps() > 0 && s.warmup_epochs() > 0) {
     return Bad("schedule.warmup_epochs", "give either warmup_steps or warmup_epochs, not both");
   }
+  const ScheduleKind kind = ScheduleKindOf(s);
+  if (s.has_recompute() && !s.recompute() && !BackwardUsesForwardWeights(kind)) {
+    return Bad("schedule.recompute",
+               absl::StrCat("false needs a backward at the forward's weights; ", s.type(),
+                            " differentiates at other weights (w_t, T2's u_bkwd) and must "
+                            "recompute: remove it or set it true"));
+  }
+  if (kind == ScheduleKind::kPipeDream2BW) {
+    if (s.microbatches_per_step() < s.stages() - 1) {
+      return Bad("schedule.microbatches_per_step",
+                 absl::StrCat(s.microbatches_per_step(), " with ", s.stages(),
+                              " stages: pipedream_2bw keeps two weight versions, enough only when "
+                              "a step has at least stages - 1 microbatches; use at least ",
+                              s.stages() - 1));
+    }
+    for (const auto& [set, field] :
+         {std::pair<bool, const char*>{s.weight_prediction(), "schedule.weight_prediction"},
+          {s.delay_compensation() > 0, "schedule.delay_compensation"},
+          {s.spike_compensation(), "schedule.spike_compensation"}}) {
+      if (set) {
+        return Bad(field,
+                   "is for pipemare, pipedream and async; pipedream_2bw's delay is its own "
+                   "design (two weight versions): remove it");
+      }
+    }
+  }
   if (s.has_discrepancy_decay() && s.discrepancy_decay() >= 1) {
     return Bad("schedule.discrepancy_decay", "must be in [0, 1) (negative = T2 off)");
   }

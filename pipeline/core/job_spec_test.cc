@@ -756,6 +756,46 @@ TEST(JobSpecValidateTest, DataPlaneMinBytesIsForGlooAndNotNegative) {
   }
 }
 
+TEST(JobSpecValidateTest, RecomputeIsOptionalWhereTheBackwardRunsAtTheForwardsWeights) {
+  for (const char* type : {"pipemare", "async"}) {
+    ExpectInvalid(ValidateMutated([&](v1::JobSpec& s) {
+                    s.mutable_schedule()->set_type(type);
+                    s.mutable_schedule()->set_recompute(false);
+                  }),
+                  "schedule.recompute", "must recompute");
+  }
+  // Unset: recompute only where it must; given: as given, on every stage.
+  for (const char* type : {"gpipe", "1f1b", "zero_bubble", "pipedream", "pipedream_2bw"}) {
+    SCOPED_TRACE(type);
+    for (const auto& s :
+         ResolvedSchedules("{lr: 0.1}", absl::StrCat("{type: ", type, ", stages: 2}"))) {
+      EXPECT_FALSE(Recomputes(s));
+    }
+    for (const auto& s : ResolvedSchedules(
+             "{lr: 0.1}", absl::StrCat("{type: ", type, ", stages: 2, recompute: true}"))) {
+      EXPECT_TRUE(Recomputes(s));
+    }
+  }
+  for (const auto& s : ResolvedSchedules("{lr: 0.1}", "{type: pipemare, stages: 2}")) {
+    EXPECT_TRUE(Recomputes(s));
+  }
+}
+
+TEST(JobSpecValidateTest, PipeDream2BWNeedsEnoughMicrobatchesAndNoOtherDelayFix) {
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_type("pipedream_2bw");
+                  s.mutable_schedule()->set_stages(4);
+                  s.mutable_schedule()->set_microbatches_per_step(2);
+                }),
+                "schedule.microbatches_per_step", "use at least 3");
+  ExpectInvalid(ValidateMutated([](v1::JobSpec& s) {
+                  s.mutable_schedule()->set_type("pipedream_2bw");
+                  s.mutable_schedule()->set_stages(2);
+                  s.mutable_schedule()->set_weight_prediction(true);
+                }),
+                "schedule.weight_prediction", "pipedream_2bw");
+}
+
 TEST(JobSpecValidateTest, OnNonFiniteIsFailOrSkipAndReachesEveryStage) {
   ExpectInvalid(
       ValidateMutated([](v1::JobSpec& s) { s.mutable_train()->set_on_nonfinite("ignore"); }),
@@ -1222,8 +1262,13 @@ TEST(SettingsTest, EachAllowedSetRoundTripsDefaultsWhenEmptyAndNamesTheFieldWhen
                     HasSubstr("uniform (default), parameters, profile, split")));
   EXPECT_THAT(std::string(ParseOnNonFinite("ignore").status().message()),
               AllOf(HasSubstr("train.on_nonfinite"), HasSubstr("skip (drop the microbatch)")));
-  EXPECT_THAT(std::string(ParseScheduleKind("1f1b").status().message()),
-              HasSubstr("allowed: pipemare, gpipe, pipedream, async"));
+  EXPECT_THAT(std::string(ParseScheduleKind("1F1B").status().message()),
+              HasSubstr("allowed: pipemare, gpipe, 1f1b, zero_bubble, pipedream, pipedream_2bw, "
+                        "async"));
+  for (const char* name :
+       {"gpipe", "1f1b", "zero_bubble", "pipedream", "pipedream_2bw", "async", "pipemare"}) {
+    EXPECT_STREQ(ScheduleName(*ParseScheduleKind(name)), name);
+  }
 }
 
 }  // namespace

@@ -1,18 +1,27 @@
 // Schedules as data. A plan is, for each stage, the ordered actions of one
-// epoch: forward of microbatch m (F), backward of m (B), optimizer step k
-// (U). Sends and receives are implied: F on stage i < P-1 sends m's
-// activation to stage i+1, which must forward m; B on stage i > 0 sends m's
-// gradient to stage i-1, which must run B of m. Printed compactly as
-// "2F5 2B3 2U1" (stage, op, index; microbatches and steps 1-based within the
-// epoch).
+// epoch: forward of microbatch m (F), backward of m (B), the weight gradient
+// of m (W, zero_bubble only: its B then computes only the input gradient),
+// optimizer step k (U). Sends and receives are implied: F on stage i < P-1
+// sends m's activation to stage i+1, which must forward m; B on stage i > 0
+// sends m's gradient to stage i-1, which must run B of m. Printed compactly
+// as "2F5 2B3 2W3 2U1" (stage, op, index; microbatches and steps 1-based
+// within the epoch).
 //
 // BuildPlan writes the order the stage host follows (docs/algorithm.md):
 //   gpipe, and every step of a synchronous warm-up: per step, every stage runs
 //     the step's N forwards, then its N backwards, then U;
-//   pipemare, pipedream, async: 1F1B. Stage i keeps at most P-i forwards
-//     outstanding: it fills with P-i forwards, then alternates one backward
-//     and one forward; after the epoch's last forward it runs the remaining
-//     backwards (cool-down). U follows every N-th backward.
+//   1f1b (PipeDream-flush): per step, stage i fills with min(P-i, N)
+//     forwards, alternates one backward and one forward, drains the step's
+//     remaining backwards (cool-down), then U; at most P-i activations held;
+//   zero_bubble (ZB-H1, Qi et al., ICLR 2024): per step, each backward split
+//     into B (input gradient, sent upstream at once) and W (weight
+//     gradient); B first, F while 1f1b's min(P-i, N) microbatches bound
+//     holds, W in the time 1f1b idles (schedule.cc: ZeroBubbleStep);
+//   pipemare, pipedream, pipedream_2bw, async: 1F1B without a flush. Stage i
+//     keeps at most P-i forwards outstanding: it fills with P-i forwards,
+//     then alternates one backward and one forward; after the epoch's last
+//     forward it runs the remaining backwards (cool-down). U follows every
+//     N-th backward.
 // ValidatePlan refuses a plan that cannot run, naming the stage and action.
 // PredictPlan runs the plan on a model of time (forward and backward costs
 // per microbatch, transfers free) and counts its delays.
@@ -33,17 +42,17 @@
 namespace pipemare {
 
 struct Action {
-  enum class Op { kForward, kBackward, kUpdate };
+  enum class Op { kForward, kBackward, kWeight, kUpdate };
   int stage = 0;
   Op op = Op::kForward;
-  int64_t index = 0;  // microbatch (F, B) or step (U), 1-based within the epoch
+  int64_t index = 0;  // microbatch (F, B, W) or step (U), 1-based within the epoch
 
   bool operator==(const Action& o) const {
     return stage == o.stage && op == o.op && index == o.index;
   }
 };
 
-// "2F5", "2B3", "2U1".
+// "2F5", "2B3", "2W3", "2U1".
 std::string FormatAction(const Action& action);
 
 struct Plan {
@@ -54,16 +63,42 @@ struct Plan {
 
 // The schedules (schedule.type), each named once: in ScheduleName, which
 // ParseScheduleKind and the spec's validation read.
-enum class ScheduleKind { kGPipe, kPipeDream, kAsync, kPipeMare };
-// "gpipe", "pipedream", "async", "pipemare".
+enum class ScheduleKind {
+  kGPipe,
+  kOneFOneB,
+  kZeroBubble,
+  kPipeDream,
+  kPipeDream2BW,
+  kAsync,
+  kPipeMare
+};
+// "gpipe", "1f1b", "zero_bubble", "pipedream", "pipedream_2bw", "async",
+// "pipemare".
 const char* ScheduleName(ScheduleKind kind);
 // The kind named `type`; INVALID_ARGUMENT naming schedule.type and the
 // allowed names otherwise.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view type);
 // A validated spec's schedule (the default, pipemare, if it were not).
 ScheduleKind ScheduleKindOf(const v1::ScheduleSpec& schedule);
-// Every schedule but gpipe updates asynchronously (after T3's warm-up).
-inline bool IsAsynchronous(ScheduleKind kind) { return kind != ScheduleKind::kGPipe; }
+// gpipe, 1f1b and zero_bubble flush the pipeline at every step (no
+// staleness); the others update asynchronously (after T3's warm-up).
+inline bool IsAsynchronous(ScheduleKind kind) {
+  return kind != ScheduleKind::kGPipe && kind != ScheduleKind::kOneFOneB &&
+         kind != ScheduleKind::kZeroBubble;
+}
+// zero_bubble's plans split each backward into B and W.
+inline bool SplitsBackward(ScheduleKind kind) { return kind == ScheduleKind::kZeroBubble; }
+// Every backward differentiates at the weights its forward ran at (the
+// synchronous schedules, pipedream's and pipedream_2bw's stashes), so a stage
+// may keep the forward's graph instead of recomputing it
+// (schedule.recompute). pipemare and async differentiate at other weights
+// (w_t, T2's u_bkwd) than their forward's and must recompute.
+inline bool BackwardUsesForwardWeights(ScheduleKind kind) {
+  return kind != ScheduleKind::kAsync && kind != ScheduleKind::kPipeMare;
+}
+// schedule.recompute of a validated spec: as given, else true where it must
+// be (pipemare, async) and false elsewhere.
+bool Recomputes(const v1::ScheduleSpec& schedule);
 
 struct PlanOptions {
   ScheduleKind schedule = ScheduleKind::kPipeMare;
@@ -98,6 +133,10 @@ struct StagePrediction {
   double utilization = 0;  // busy / makespan
   int max_delay = 0;       // most steps applied between a microbatch's F and B
   double mean_delay = 0;
+  // Most microbatches held at once (forwarded, gradient not yet complete:
+  // B done, or W under zero_bubble): the stage's activation memory in
+  // microbatches.
+  int max_held = 0;
 };
 struct Prediction {
   double makespan = 0;
@@ -106,10 +145,18 @@ struct Prediction {
 };
 
 // Runs a valid plan on a model of time: every stage's forward of a
-// microbatch costs `forward_cost`, its backward `backward_cost`, a step and
-// a transfer nothing; an action starts when its stage is free and what it
-// receives has been sent.
-Prediction PredictPlan(const Plan& plan, double forward_cost = 1, double backward_cost = 2);
+// microbatch costs `forward_cost`, its backward `backward_cost` (split into
+// B and W, W costs `weight_fraction` of it), a step and a transfer nothing;
+// an action starts when its stage is free and what it receives has been
+// sent.
+Prediction PredictPlan(const Plan& plan, double forward_cost = 1, double backward_cost = 2,
+                       double weight_fraction = 0.5);
+
+// The most microbatches stage i of P holds at once under `kind` with N
+// microbatches per step, by formula (after any warm-up): gpipe N; 1f1b and
+// zero_bubble min(P-i, N) (a zero_bubble microbatch is held until its W);
+// the asynchronous ones P-i.
+int HeldByFormula(ScheduleKind kind, int stages, int stage, int microbatches_per_step);
 
 }  // namespace pipemare
 

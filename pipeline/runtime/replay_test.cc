@@ -79,7 +79,8 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
   const std::string type = s.type();
   const int P = s.stages();
   const int64_t N = s.microbatches_per_step(), M = steps * N;
-  const bool async = type != "gpipe";
+  const bool async = IsAsynchronous(*ParseScheduleKind(type));
+  const bool two_bw = type == "pipedream_2bw";
   const int64_t W = async ? s.warmup_steps() : 0;
   const int64_t K = type == "pipemare" ? s.lr_anneal_steps() : 0;
   const bool t2 = type == "pipemare" && s.has_discrepancy_decay() && s.discrepancy_decay() >= 0;
@@ -128,7 +129,8 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
     x[0] = inputs[m - 1];
     for (int i = 0; i < P; ++i) {
       const int64_t b = sync ? m - 1 : m0 + std::max<int64_t>(0, m - m0 - (P - i));
-      forward_version[i] = sync ? now : b / N;
+      // pipedream_2bw: step s's microbatches run at W(s-1) on every stage.
+      forward_version[i] = sync ? now : two_bw ? std::max<int64_t>(now - 1, 0) : b / N;
       const int64_t t = forward_version[i];
       ReplayStage& st = stages[i];
       if (predict && !sync && st.tau > 0 && t >= std::max<int64_t>(W, 1)) {
@@ -149,7 +151,7 @@ std::vector<std::vector<torch::Tensor>> Replay(const v1::JobSpec& spec, int64_t 
     for (int i = skipped.count(m) ? -1 : P - 1; i >= 0; --i) {
       ReplayStage& st = stages[i];
       std::vector<torch::Tensor> u = st.versions[now];
-      if (!sync && type == "pipedream") u = forward_weights[i];
+      if (!sync && (type == "pipedream" || two_bw)) u = forward_weights[i];
       if (!sync && t2 && st.tau >= 1) {
         for (size_t j = 0; j < u.size(); ++j) {
           u[j] = T2BackwardWeights(st.versions[now][j], st.velocity[j], st.tau);
@@ -349,6 +351,106 @@ TEST(ExactnessTest, PipeDreamEqualsItsReplayAndEveryBackwardUsedItsStash) {
                          }
                        })
           .ok());
+}
+
+// Every stage's weights after each of its steps, as the harness trains one
+// epoch of `spec` on `d`.
+std::map<std::pair<int, int64_t>, std::vector<torch::Tensor>> WeightsAfterEveryStep(
+    const v1::JobSpec& spec, const Data& d) {
+  std::map<std::pair<int, int64_t>, std::vector<torch::Tensor>> out;
+  auto h = PipelineHarness::Create(spec, kSteps, torch::kFloat64);
+  EXPECT_TRUE(h.ok()) << h.status();
+  if (!h.ok()) return out;
+  auto losses = (*h)->TrainEpoch(d.inputs, d.targets, [&](const Action& a) {
+    if (a.op != Action::Op::kUpdate) return;
+    auto& w = out[{a.stage, a.index}];
+    for (const auto& p : (*h)->stage(a.stage).Parameters()) w.push_back(p.detach().clone());
+  });
+  EXPECT_TRUE(losses.ok()) << losses.status();
+  return out;
+}
+
+// 1f1b and zero_bubble change only the order of gpipe's forwards and
+// backwards within a step (and split zero_bubble's into B and W): the same
+// model after every step, bit for bit, with the forward's graph kept or
+// recomputed.
+TEST(ExactnessTest, OneFOneBAndZeroBubbleAreBitIdenticalToGPipeWithAndWithoutRecompute) {
+  for (int N : {1, 3}) {
+    const Data d = MakeData(kSteps * N);
+    v1::JobSpec reference = Spec("gpipe", 5, N);
+    reference.mutable_schedule()->set_recompute(true);  // gpipe as it always ran
+    const auto expected = WeightsAfterEveryStep(reference, d);
+    ASSERT_EQ(expected.size(), 5u * kSteps);
+    for (const char* type : {"gpipe", "1f1b", "zero_bubble"}) {
+      for (bool recompute : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << type << " N=" << N << " recompute=" << recompute);
+        v1::JobSpec spec = Spec(type, 5, N);
+        spec.mutable_schedule()->set_recompute(recompute);
+        const auto got = WeightsAfterEveryStep(spec, d);
+        ASSERT_EQ(got.size(), expected.size());
+        for (const auto& [key, w] : expected) {
+          const auto& g = got.at(key);
+          ASSERT_EQ(g.size(), w.size());
+          for (size_t j = 0; j < w.size(); ++j) {
+            ASSERT_TRUE(torch::equal(g[j], w[j]))
+                << "stage " << key.first << " step " << key.second << " tensor " << j
+                << " differs by " << (g[j] - w[j]).abs().max().item<double>();
+          }
+        }
+      }
+    }
+  }
+}
+
+// pipedream keeps the forward's graph by default (on a copy of the stage at
+// the stashed version) and recomputes with schedule.recompute: both are its
+// replay; pipedream_2bw the same, every stage one version behind.
+TEST(ExactnessTest, PipeDreamAndPipeDream2BWEqualTheirReplaysKeptOrRecomputed) {
+  for (const char* type : {"pipedream", "pipedream_2bw"}) {
+    for (int N : {4, 5}) {
+      for (bool recompute : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << type << " N=" << N << " recompute=" << recompute);
+        v1::JobSpec spec = Spec(type, 5, N);
+        spec.mutable_schedule()->set_recompute(recompute);
+        ExpectHarnessEqualsReplay(spec);
+      }
+    }
+  }
+  // With a warm-up: synchronous first, then one version behind.
+  v1::JobSpec spec = Spec("pipedream_2bw", 5, 4);
+  spec.mutable_schedule()->set_warmup_steps(3);
+  ExpectHarnessEqualsReplay(spec);
+}
+
+TEST(ExactnessTest, PipeDream2BWRunsEveryMicrobatchOneVersionBehindWithTwoVersions) {
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "recompute=" << recompute);
+    v1::JobSpec spec = Spec("pipedream_2bw", 5, 4);
+    spec.mutable_schedule()->set_recompute(recompute);
+    const Data d = MakeData(kSteps * 4);
+    auto h = PipelineHarness::Create(spec, kSteps, torch::kFloat64);
+    ASSERT_TRUE(h.ok());
+    int checked = 0;
+    ASSERT_TRUE(
+        (*h)->TrainEpoch(d.inputs, d.targets,
+                         [&](const Action& a) {
+                           if (a.op != Action::Op::kBackward) return;
+                           const StageStats st = (*h)->stage(a.stage).Stats();
+                           // Microbatch m (1-based) is in step (m-1)/N.
+                           const int64_t step = (a.index - 1) / 4;
+                           EXPECT_EQ(st.last_backward_version, std::max<int64_t>(step - 1, 0))
+                               << FormatAction(a);
+                           // Recomputing: the live weights and one stashed
+                           // version. Keeping graphs: copies of the stage at
+                           // the two versions in flight.
+                           EXPECT_LE(st.memory.stash, st.memory.weights * (recompute ? 1 : 2))
+                               << FormatAction(a);
+                           ++checked;
+                         })
+            .ok());
+    EXPECT_EQ(checked, 5 * kSteps * 4);
+    EXPECT_EQ((*h)->stage(0).Stats().analytic_delay, 1);
+  }
 }
 
 TEST(ExactnessTest, AsyncAndPipeMareEqualTheirReplays) {

@@ -128,6 +128,13 @@ absl::StatusOr<std::optional<StageExecutor::Output>> StageExecutor::RunLocal() {
     if (!out.ok()) return out.status();
     return std::optional<Output>(std::move(*out));
   }
+  if (a.op == Op::kWeight) {  // zero_bubble's W
+    const uint64_t microbatch = id_of_.at(a.index);
+    const auto start = std::chrono::steady_clock::now();
+    if (auto st = runtime_->WeightGradient(microbatch); !st.ok()) return st;
+    ++next_;
+    return std::optional<Output>(Output{a, microbatch, {}, std::nullopt, SecondsSince(start)});
+  }
   if (a.op != Op::kUpdate) return std::nullopt;
   if (auto st = runtime_->Step(); !st.ok()) return st;
   const StageStats stats = runtime_->Stats();

@@ -78,7 +78,8 @@ class StageExecutor {
   // `grad_output` is undefined on the last stage.
   absl::StatusOr<Output> Backward(uint64_t microbatch, const torch::Tensor& grad_output);
   // Runs the plan's next action if it needs no input from a peer: U (the
-  // optimizer step), or on the last stage a backward. Returns what it
+  // optimizer step), W (zero_bubble's weight gradient), or on the last
+  // stage a backward. Returns what it
   // produced (a gradient to send up), or nullopt if the next action waits
   // for input (or the epoch is done). Drivers call it until nullopt.
   absl::StatusOr<std::optional<Output>> RunLocal();

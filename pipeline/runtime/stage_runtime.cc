@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <type_traits>
@@ -45,21 +46,27 @@ void Busy(double seconds) {
 }  // namespace
 
 absl::StatusOr<VirtualDevice> ParseVirtualDevice(const std::string& text, const std::string& flag) {
-  const size_t comma = text.find(',');
-  double ms[2];
-  bool ok = comma != std::string::npos;
-  for (int i = 0; ok && i < 2; ++i) {
-    const std::string part = i == 0 ? text.substr(0, comma) : text.substr(comma + 1);
+  std::vector<double> ms;
+  bool ok = true;
+  for (size_t start = 0; ok && start <= text.size();) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    const std::string part = text.substr(start, comma - start);
     char* end = nullptr;
-    ms[i] = std::strtod(part.c_str(), &end);
-    ok = !part.empty() && end == part.c_str() + part.size() && std::isfinite(ms[i]) && ms[i] >= 0;
+    const double v = std::strtod(part.c_str(), &end);
+    ok = !part.empty() && end == part.c_str() + part.size() && std::isfinite(v) && v >= 0;
+    ms.push_back(v);
+    start = comma + 1;
   }
-  if (!ok) {
-    return Bad(flag, absl::StrCat("'", text,
-                                  "' is not FWD_MS,BWD_MS (milliseconds of forward and backward "
-                                  "per unit, each >= 0), e.g. 2,4"));
+  if (!ok || ms.size() < 2 || ms.size() > 3) {
+    return Bad(flag,
+               absl::StrCat("'", text,
+                            "' is not FWD_MS,BWD_MS[,W_MS] (milliseconds of forward, backward and "
+                            "weight gradient per unit, each >= 0), e.g. 2,4 or 2,2,2"));
   }
-  return VirtualDevice{true, ms[0] / 1000, ms[1] / 1000};
+  if (ms.size() == 3)
+    return VirtualDevice{true, ms[0] / 1000, (ms[1] + ms[2]) / 1000, ms[2] / 1000};
+  return VirtualDevice{true, ms[0] / 1000, ms[1] / 1000, ms[1] / 2000};
 }
 
 absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::StageAssignment& a,
@@ -82,23 +89,26 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const v1::Sta
   if (!input_shape.empty()) {  // empty: an MLP stage, sized by model.layers below
     if (auto st = CheckExampleShape(input_shape, 1, "input_shape"); !st.ok()) return st;
   }
+  TensorType input{input_shape, a.token_input()};
+  // An MLP's stage input is a flat vector of its first layer's width.
+  if (input.shape.empty() && ModelKindOf(a.model().type()) == ModelKind::kMlp &&
+      a.first_unit() < a.model().layers_size()) {
+    input.shape = {a.model().layers(a.first_unit())};
+  }
+  // Builds the stage's units afresh (also for the copies a kept graph runs
+  // on, whose weights are then overwritten).
+  auto build = [model = a.model(), first = a.first_unit(), units = a.units(), seed = a.seed(),
+                input, torchscript = a.torchscript(), device, dtype] {
+    auto m = BuildUnits(model, first, units, seed, input, torchscript);
+    if (!m.ok()) throw std::invalid_argument(std::string(m.status().message()));
+    m->module->to(device, dtype);
+    return m->module;
+  };
   torch::nn::Sequential module;
-  absl::Status built = Guard("building the stage", [&] {
-    TensorType input{input_shape, a.token_input()};
-    // An MLP's stage input is a flat vector of its first layer's width.
-    if (input.shape.empty() && ModelKindOf(a.model().type()) == ModelKind::kMlp &&
-        a.first_unit() < a.model().layers_size()) {
-      input.shape = {a.model().layers(a.first_unit())};
-    }
-    auto m = BuildUnits(a.model(), a.first_unit(), a.units(), a.seed(), input, a.torchscript());
-    if (m.ok()) {
-      module = m->module;
-      module->to(device, dtype);
-    } else
-      throw std::invalid_argument(std::string(m.status().message()));
-  });
+  absl::Status built = Guard("building the stage", [&] { module = build(); });
   if (!built.ok()) return built;
-  return std::unique_ptr<StageRuntime>(new StageRuntime(a, *kind, module, device, virtual_device));
+  return std::unique_ptr<StageRuntime>(
+      new StageRuntime(a, *kind, module, std::move(build), device, virtual_device));
 }
 
 namespace {
@@ -130,15 +140,17 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& 
 }  // namespace
 
 StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
-                           torch::nn::Sequential module, torch::Device device,
+                           torch::nn::Sequential module,
+                           std::function<torch::nn::Sequential()> build, torch::Device device,
                            VirtualDevice virtual_device)
     : stage_(a.stage()),
       num_stages_(a.num_stages()),
       kind_(kind),
       microbatches_per_step_(a.schedule().microbatches_per_step()),
-      tau_(IsAsynchronous(kind)
-               ? AnalyticDelay(a.num_stages(), a.stage(), a.schedule().microbatches_per_step())
-               : 0),
+      tau_(!IsAsynchronous(kind) ? 0
+           : kind == ScheduleKind::kPipeDream2BW
+               ? 1
+               : AnalyticDelay(a.num_stages(), a.stage(), a.schedule().microbatches_per_step())),
       lr_schedule_(LrScheduleFromSpec(a.optimizer(), a.total_steps())),
       grad_clip_norm_(a.optimizer().grad_clip_norm()),
       lr_anneal_steps_(kind == ScheduleKind::kPipeMare ? a.lr_anneal_steps() : 0),
@@ -157,12 +169,16 @@ StageRuntime::StageRuntime(const v1::StageAssignment& a, ScheduleKind kind,
       predict_enabled_(a.schedule().weight_prediction() && tau_ > 0),
       dc_enabled_(a.schedule().delay_compensation() > 0 && tau_ > 0),
       dc_lambda_(a.schedule().delay_compensation()),
-      stashing_(kind == ScheduleKind::kPipeDream && tau_ > 0),
+      stashing_(kind == ScheduleKind::kPipeDream && tau_ > 0 && Recomputes(a.schedule())),
+      two_versions_(kind == ScheduleKind::kPipeDream2BW),
+      recompute_(Recomputes(a.schedule())),
+      split_(SplitsBackward(kind)),
       device_(device),
       first_unit_(a.first_unit()),
       units_(a.units()),
       virtual_(virtual_device),
-      module_(std::move(module)) {
+      module_(std::move(module)),
+      build_(std::move(build)) {
   optimizer_ = MakeOptimizer(a.optimizer(), module_->parameters());
   int64_t params = 0;
   for (const auto& p : module_->parameters()) {
@@ -223,8 +239,18 @@ void StageRuntime::UpdateMemoryLocked() {
           Bytes(adam->exp_avg) + Bytes(adam->exp_avg_sq) + Bytes(adam->max_exp_avg_sq);
     }
   }
-  for (const auto& kv : saved_)
-    m.saved_activations += Bytes(kv.second.input) + Bytes(kv.second.targets);
+  std::set<const void*> copies;  // stage copies a kept graph runs on, counted once
+  if (two_bw_copy_) {
+    copies.insert(two_bw_copy_.get());
+    for (const auto& p : two_bw_copy_->parameters()) m.stash += Bytes(p);
+  }
+  for (const auto& kv : saved_) {
+    const Saved& saved = kv.second;
+    m.saved_activations += Bytes(saved.input) + Bytes(saved.targets) + Bytes(saved.output);
+    if (saved.copy && copies.insert(saved.copy.get()).second) {
+      for (const auto& p : saved.copy->parameters()) m.stash += Bytes(p);
+    }
+  }
   for (const auto& kv : stash_) {
     for (const auto& w : kv.second.weights) m.stash += Bytes(w);
   }
@@ -235,7 +261,7 @@ void StageRuntime::UpdateMemoryLocked() {
   peak.t2_velocity = std::max(peak.t2_velocity, m.t2_velocity);
   peak.stash = std::max(peak.stash, m.stash);
   peak.saved_activations = std::max(peak.saved_activations, m.saved_activations);
-  stats_.stashed_versions = static_cast<int64_t>(stash_.size());
+  stats_.stashed_versions = static_cast<int64_t>(stash_.size() + copies.size());
   stats_.in_flight = static_cast<int64_t>(saved_.size());
 }
 
@@ -289,18 +315,69 @@ absl::StatusOr<torch::Tensor> StageRuntime::Forward(uint64_t microbatch, const t
   }
   torch::Tensor rng;
   if (train) rng = RngState();
+  const int64_t version = train && two_versions_ ? TwoBwVersion() : step_;
   // Weight prediction: the forward runs at ŵ, as the backward runs at u_bkwd.
   // Remember (below) stashes the weights as this forward saw them, so
-  // pipedream's backward differentiates at ŵ too.
+  // pipedream's backward differentiates at ŵ too. pipedream_2bw's forward
+  // runs at its version.
   SwappedWeights swapped(module_->parameters());
-  if (train && predict_enabled_ && !virtual_.enabled) {
-    absl::Status st = Guard(absl::StrCat("stage ", stage_, " weight prediction").c_str(),
-                            [&] { swapped.PointAt(PredictWeights()); });
+  if (train && !virtual_.enabled) {
+    const std::vector<torch::Tensor>* at = two_versions_ ? VersionWeights(version) : nullptr;
+    absl::Status st = Guard(absl::StrCat("stage ", stage_, " forward weights").c_str(), [&] {
+      if (predict_enabled_) swapped.PointAt(PredictWeights());
+      if (at != nullptr) swapped.PointAt(*at);
+    });
     if (!st.ok()) return st;
   }
-  auto out = Run(input, train);
-  if (out.ok() && train) Remember(microbatch, input, torch::Tensor(), rng);
+  const bool keep = train && !recompute_ && !virtual_.enabled;
+  Saved graph;
+  auto out = Run(input, train, keep ? &graph : nullptr, version);
+  if (out.ok() && train) {
+    if (two_versions_) ++train_forwards_;
+    graph.input = input;
+    graph.step = version;
+    graph.rng = rng;
+    Remember(microbatch, std::move(graph));
+  }
   return out;
+}
+
+std::shared_ptr<torch::nn::SequentialImpl> StageRuntime::CopyOfStage() {
+  // Building draws initial weights from the default generators (seeded per
+  // unit): their state, which dropout draws from, is put back.
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  torch::Tensor cpu_state;
+  {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu_state = cpu.get_state();
+  }
+  const torch::Tensor device_state = device_.is_cuda() ? RngState() : torch::Tensor();
+  torch::nn::Sequential copy = build_();
+  {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_state(cpu_state);
+  }
+  if (device_state.defined()) SetRngState(device_state);
+  torch::NoGradGuard no_grad;
+  auto from = module_->parameters(), to = copy->parameters();
+  for (size_t j = 0; j < to.size(); ++j) to[j].copy_(from[j]);
+  auto from_buffers = module_->buffers(), to_buffers = copy->buffers();
+  for (size_t j = 0; j < to_buffers.size(); ++j) to_buffers[j].copy_(from_buffers[j]);
+  return copy.ptr();
+}
+
+int64_t StageRuntime::TwoBwVersion() const {
+  // Microbatch k (0-based, since the start) belongs to step k / N; during a
+  // warm-up it runs at that step's weights, after it at the step before's.
+  const int64_t s = train_forwards_ / microbatches_per_step_;
+  if (s < warmup_steps_) return s;
+  return std::max(s - 1, first_version_);
+}
+
+const std::vector<torch::Tensor>* StageRuntime::VersionWeights(int64_t version) const {
+  if (version == step_) return nullptr;
+  auto it = stash_.find(version);
+  return it == stash_.end() ? nullptr : &it->second.weights;
 }
 
 std::vector<torch::Tensor> StageRuntime::PredictWeights() {
@@ -356,9 +433,48 @@ void StageRuntime::SetRngState(const torch::Tensor& state) {
   gen.set_state(state);
 }
 
-absl::StatusOr<torch::Tensor> StageRuntime::Run(const torch::Tensor& input, bool train) {
+absl::StatusOr<torch::Tensor> StageRuntime::Run(const torch::Tensor& input, bool train,
+                                                Saved* graph, int64_t version) {
   torch::Tensor out;
   absl::Status st = Guard(absl::StrCat("stage ", stage_, " forward").c_str(), [&] {
+    if (graph != nullptr) {
+      // An update may come before the backward (the asynchronous schedules,
+      // after any warm-up): the graph runs on a copy of the stage at the
+      // forward's weights, which no step writes. One copy per version.
+      std::shared_ptr<torch::nn::SequentialImpl> m = module_.ptr();
+      const int64_t step = two_versions_ ? train_forwards_ / microbatches_per_step_ : step_;
+      if (IsAsynchronous(kind_) && step >= warmup_steps_) {
+        std::shared_ptr<torch::nn::SequentialImpl> copy = copy_.lock();
+        if (!copy || copy_version_ != version) {
+          if (version != step_) {
+            throw std::logic_error(absl::StrCat("no copy of weight version ", version));
+          }
+          // The live parameters hold the forward's weights now (swapped in
+          // for a prediction): the copy takes them.
+          copy = CopyOfStage();
+          copy_ = copy;
+          copy_version_ = version;
+        }
+        m = copy;
+        torch::NoGradGuard no_grad;
+        auto from = module_->buffers(), to = m->buffers();
+        for (size_t j = 0; j < to.size(); ++j) to[j].copy_(from[j]);
+      }
+      torch::Tensor x = input.to(device_).detach();
+      if (!is_first()) x.requires_grad_(true);
+      m->train(true);
+      torch::Tensor y = m->forward(x);
+      if (m != module_.ptr()) {
+        torch::NoGradGuard no_grad;
+        auto from = m->buffers(), to = module_->buffers();
+        for (size_t j = 0; j < to.size(); ++j) to[j].copy_(from[j]);
+        graph->copy = m;
+      }
+      graph->x = x;
+      graph->output = y;
+      out = y.detach();
+      return;
+    }
     torch::NoGradGuard no_grad;
     if (!virtual_.enabled) {
       // Training forwards use batch statistics and dropout; evaluation the
@@ -384,17 +500,17 @@ absl::StatusOr<torch::Tensor> StageRuntime::Run(const torch::Tensor& input, bool
   return out;
 }
 
-void StageRuntime::Remember(uint64_t microbatch, const torch::Tensor& input,
-                            const torch::Tensor& targets, const torch::Tensor& rng) {
-  const int64_t version = step_;
+void StageRuntime::Remember(uint64_t microbatch, Saved saved) {
+  const int64_t version = saved.step;
   std::vector<torch::Tensor> weights;
   if (stashing_ && !stash_.count(version)) {
     torch::NoGradGuard no_grad;
     for (const auto& p : module_->parameters()) weights.push_back(p.detach().clone());
   }
+  saved.input = saved.input.to(device_);
+  if (saved.targets.defined()) saved.targets = saved.targets.to(device_);
   absl::MutexLock lock(&stats_mu_);
-  saved_[microbatch] =
-      Saved{input.to(device_), targets.defined() ? targets.to(device_) : targets, version, rng};
+  saved_[microbatch] = std::move(saved);
   if (stashing_) {
     Stash& stash = stash_[version];
     if (stash.weights.empty()) stash.weights = std::move(weights);
@@ -430,7 +546,17 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
   }
   torch::Tensor rng;
   if (train) rng = RngState();
-  auto out = Run(input, train);
+  const int64_t version = train && two_versions_ ? TwoBwVersion() : step_;
+  SwappedWeights swapped(module_->parameters());
+  if (train && two_versions_ && !virtual_.enabled) {
+    if (const auto* at = VersionWeights(version)) {
+      absl::Status st = Guard("forward weights", [&] { swapped.PointAt(*at); });
+      if (!st.ok()) return st;
+    }
+  }
+  const bool keep = train && !recompute_ && !virtual_.enabled;
+  Saved graph;
+  auto out = Run(input, train, keep ? &graph : nullptr, version);
   if (!out.ok()) return out.status();
   LossResult r;
   absl::Status st = Guard("loss", [&] {
@@ -446,19 +572,34 @@ absl::StatusOr<LossResult> StageRuntime::ForwardLoss(uint64_t microbatch,
       throw std::invalid_argument(absl::StrCat("targets outside 0..", classes - 1));
     }
     torch::Tensor t = targets.to(device_);
-    r.loss = Loss(*out, t).item<double>();
+    if (keep) {
+      // The graph's output is the loss the backward differentiates.
+      torch::Tensor loss = Loss(graph.output, t);
+      r.loss = loss.item<double>();
+      graph.output = loss / static_cast<double>(microbatches_per_step_);
+    } else {
+      r.loss = Loss(*out, t).item<double>();
+    }
     r.correct = out->argmax(-1).eq(t).sum().item<int64_t>();
     r.count = targets.size(0);
     r.predictions = targets.numel();
   });
   if (!st.ok()) return st;
-  if (train) Remember(microbatch, input, targets, rng);  // once the loss is known to be computable
+  if (train) {  // once the loss is known to be computable
+    if (two_versions_) ++train_forwards_;
+    graph.input = input;
+    graph.targets = targets;
+    graph.step = version;
+    graph.rng = rng;
+    Remember(microbatch, std::move(graph));
+  }
   return r;
 }
 
 const std::vector<torch::Tensor>* StageRuntime::StashedWeights(const Saved& saved) const {
   // No update since the forward: the live weights are the forward's, unless
   // it ran at a prediction (then the stash holds that).
+  if (two_versions_) return VersionWeights(saved.step);
   if (!stashing_ || (saved.step == step_ && !predict_enabled_)) return nullptr;
   return &stash_.at(saved.step).weights;
 }
@@ -475,11 +616,16 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
   if (!grad_output.defined() && !is_last()) {
     return absl::InvalidArgumentError("missing gradient on a stage that is not last");
   }
-  const Saved saved = it->second;  // (tensor handles: a cheap copy)
+  Saved& saved = it->second;
+  if (saved.input_gradient_done) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("microbatch ", microbatch, " is backwarded twice"));
+  }
   if (stashing_ && !stash_.count(saved.step)) {
     return absl::InternalError(absl::StrCat("stage ", stage_, ": the weight version ", saved.step,
                                             " of microbatch ", microbatch, " was not stashed"));
   }
+  const Part part = split_ ? Part::kInput : Part::kWhole;
   torch::Tensor grad_input;
   double correction = 0;
   absl::Status st =
@@ -488,65 +634,144 @@ absl::StatusOr<torch::Tensor> StageRuntime::Backward(uint64_t microbatch,
                               if (!is_first()) grad_input = torch::zeros_like(saved.input);
                             })
       : virtual_.enabled
-          ? Guard("virtual backward", [&] { grad_input = VirtualBackward(saved); })
+          ? Guard("virtual backward", [&] { grad_input = VirtualBackward(saved, part); })
           : Guard(absl::StrCat("stage ", stage_, " backward").c_str(), [&] {
               // Differentiate at the backward weights (T2's u_bkwd, or the
               // stashed version) by pointing each parameter at them: no copy of
               // w_t, one pass to form u_bkwd, none for a stash. The recompute
-              // below builds its graph after the swap.
-              auto params = module_->parameters();
-              SwappedWeights swapped(params);
-              const std::vector<torch::Tensor>* stashed = StashedWeights(saved);
-              if (CorrectsDiscrepancy()) {
-                torch::NoGradGuard no_grad;
-                std::vector<torch::Tensor> u_bkwd;
-                for (size_t j = 0; j < params.size(); ++j) {
-                  u_bkwd.push_back(T2BackwardWeights(params[j].data(), velocity_[j], tau_));
+              // below builds its graph after the swap; a kept graph has its
+              // forward's weights already.
+              SwappedWeights swapped(module_->parameters());
+              if (!saved.output.defined()) {
+                const std::vector<torch::Tensor>* stashed = StashedWeights(saved);
+                if (CorrectsDiscrepancy()) {
+                  torch::NoGradGuard no_grad;
+                  auto params = module_->parameters();
+                  std::vector<torch::Tensor> u_bkwd;
+                  for (size_t j = 0; j < params.size(); ++j) {
+                    u_bkwd.push_back(T2BackwardWeights(params[j].data(), velocity_[j], tau_));
+                  }
+                  swapped.PointAt(u_bkwd);
+                  correction = t2_correction_norm_;
+                } else if (stashed != nullptr) {
+                  swapped.PointAt(*stashed);
                 }
-                swapped.PointAt(u_bkwd);
-                correction = t2_correction_norm_;
-              } else if (stashed != nullptr) {
-                swapped.PointAt(*stashed);
-              }
-              torch::Tensor x = saved.input.detach();
-              if (!is_first()) x.requires_grad_(true);
-              std::vector<torch::Tensor> buffers;
-              torch::Tensor out = Recompute(x, saved.rng, &buffers);
-              if (is_last()) {
-                torch::Tensor loss =
-                    Loss(out, saved.targets) / static_cast<double>(microbatches_per_step_);
-                loss.backward();
-              } else {
-                if (!grad_output.sizes().equals(out.sizes())) {
-                  throw std::invalid_argument(absl::StrCat(
-                      "gradient shape does not match the stage output of microbatch ", microbatch));
+                saved.x = saved.input.detach();
+                if (!is_first()) saved.x.requires_grad_(true);
+                saved.output = Recompute(saved.x, saved.rng, &saved.buffers);
+                if (is_last()) {
+                  saved.output = Loss(saved.output, saved.targets) /
+                                 static_cast<double>(microbatches_per_step_);
                 }
-                out.backward(grad_output.to(device_, out.scalar_type()));
               }
-              if (!is_first()) grad_input = x.grad();
-              torch::NoGradGuard no_grad;
-              auto live = module_->buffers();
-              for (size_t j = 0; j < live.size(); ++j) live[j].copy_(buffers[j]);
+              if (!is_last() && !grad_output.sizes().equals(saved.output.sizes())) {
+                throw std::invalid_argument(absl::StrCat(
+                    "gradient shape does not match the stage output of microbatch ", microbatch));
+              }
+              if (!is_last())
+                saved.grad_output = grad_output.to(device_, saved.output.scalar_type());
+              grad_input = Differentiate(saved, part);
             });
   if (!st.ok()) return st;  // saved_ keeps the microbatch: the stage fails anyway
   {
     absl::MutexLock lock(&stats_mu_);
-    saved_.erase(microbatch);
-    if (stashing_ && --stash_[saved.step].users == 0) {
-      stash_.erase(saved.step);
+    const int64_t version = saved.step;
+    if (split_) {
+      saved.input_gradient_done = true;
+    } else {
+      saved_.erase(it);
+      if (stashing_ && --stash_[version].users == 0) stash_.erase(version);
     }
-    stats_.last_backward_version =
-        kind_ == ScheduleKind::kPipeDream || kind_ == ScheduleKind::kGPipe ? saved.step
-                                                                           : stats_.steps;
+    stats_.last_backward_version = BackwardUsesForwardWeights(kind_) ? version : stats_.steps;
     UpdateMemoryLocked();
-    stats_.last_delay = stats_.steps - saved.step;
+    stats_.last_delay = stats_.steps - version;
     delay_sum_ += static_cast<double>(stats_.last_delay);
     ++delay_count_;
     ++stats_.backwards;
     stats_.t2_correction_norm = correction;
     stats_.measured_delay = delay_sum_ / static_cast<double>(delay_count_);
   }
+  if (!split_) ++backwards_since_step_;
+  return grad_input;
+}
+
+absl::Status StageRuntime::WeightGradient(uint64_t microbatch) {
+  auto it = saved_.find(microbatch);
+  if (!split_ || it == saved_.end() || !it->second.input_gradient_done) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", stage_, ": a weight gradient (W) of microbatch ", microbatch,
+        split_ ? " before its backward (B)" : " on a schedule that does not split backwards"));
+  }
+  Saved& saved = it->second;
+  absl::Status st = absl::OkStatus();
+  if (virtual_.enabled) {
+    Busy(virtual_.weight_seconds_per_unit * units_);
+  } else if (!saved.dropped) {
+    st = Guard(absl::StrCat("stage ", stage_, " weight gradient").c_str(),
+               [&] { Differentiate(saved, Part::kWeight); });
+  }
+  if (!st.ok()) return st;
+  {
+    absl::MutexLock lock(&stats_mu_);
+    saved_.erase(it);
+    UpdateMemoryLocked();
+  }
   ++backwards_since_step_;
+  return absl::OkStatus();
+}
+
+torch::Tensor StageRuntime::Differentiate(Saved& saved, Part part) {
+  // The last stage's output is the loss: its gradient is implicit.
+  std::vector<torch::Tensor> grad;
+  if (!is_last()) grad.push_back(saved.grad_output);
+  torch::Tensor grad_input;
+  auto params = saved.copy ? saved.copy->parameters() : module_->parameters();
+  auto live = module_->parameters();
+  // A copy's gradients (or W's) go into the live parameters' gradients as
+  // autograd would accumulate them there.
+  auto accumulate = [&](const std::vector<torch::Tensor>& grads) {
+    torch::NoGradGuard no_grad;
+    for (size_t j = 0; j < live.size(); ++j) {
+      if (!grads[j].defined()) continue;
+      if (live[j].grad().defined()) {
+        live[j].mutable_grad().add_(grads[j]);
+      } else {
+        live[j].mutable_grad() = grads[j].clone(at::MemoryFormat::Contiguous);
+      }
+    }
+  };
+  switch (part) {
+    case Part::kWhole:
+      saved.output.backward(grad.empty() ? torch::Tensor() : grad[0]);
+      if (!is_first()) grad_input = saved.x.grad();
+      if (saved.copy) {
+        std::vector<torch::Tensor> grads;
+        for (auto& p : params) {
+          grads.push_back(p.grad());
+          p.mutable_grad() = torch::Tensor();
+        }
+        accumulate(grads);
+      }
+      break;
+    case Part::kInput:
+      if (!is_first()) {
+        grad_input = torch::autograd::grad({saved.output}, {saved.x}, grad,
+                                           /*retain_graph=*/true)[0];
+      }
+      return grad_input;  // the graph stays for W
+    case Part::kWeight:
+      accumulate(torch::autograd::grad({saved.output}, params, grad, /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true));
+      break;
+  }
+  // A recompute's buffers go back once the graph is spent.
+  if (!saved.buffers.empty()) {
+    torch::NoGradGuard no_grad;
+    auto buffers = module_->buffers();
+    for (size_t j = 0; j < buffers.size(); ++j) buffers[j].copy_(saved.buffers[j]);
+  }
+  saved.output = torch::Tensor();
+  saved.x = torch::Tensor();
   return grad_input;
 }
 
@@ -600,6 +825,25 @@ absl::Status StageRuntime::Step() {
   // The virtual device has no gradients: its step is counted and T1's rate
   // computed, and nothing else.
   double grad_norm = 0;
+  if (two_versions_ && !virtual_.enabled) {
+    // W(k) stays for step k+1's microbatches, which run at it: as weights
+    // to recompute at, or as the copy of the stage their graphs run on.
+    torch::NoGradGuard no_grad;
+    if (recompute_) {
+      std::vector<torch::Tensor> weights;
+      for (const auto& p : module_->parameters()) weights.push_back(p.detach().clone());
+      absl::MutexLock lock(&stats_mu_);
+      stash_[k] = Stash{std::move(weights), 0};
+      stash_.erase(stash_.begin(), stash_.lower_bound(k));  // W(k-1): its step is done
+    } else {
+      std::shared_ptr<torch::nn::SequentialImpl> copy = copy_.lock();
+      if (!copy || copy_version_ != k) copy = CopyOfStage();
+      absl::MutexLock lock(&stats_mu_);
+      two_bw_copy_ = copy;
+      copy_ = copy;
+      copy_version_ = k;
+    }
+  }
   if (!virtual_.enabled) {
     // Spike compensation from the switch on, like T1 (no delay before it).
     absl::Status st = Guard(absl::StrCat("stage ", stage_, " optimizer step").c_str(), [&] {
@@ -715,8 +959,12 @@ double StageRuntime::ApplyGradients(double lr, bool compensate, bool compensate_
   return grad_norm;
 }
 
-torch::Tensor StageRuntime::VirtualBackward(const Saved& saved) {
-  Busy(virtual_.backward_seconds_per_unit * units_);
+torch::Tensor StageRuntime::VirtualBackward(const Saved& saved, Part part) {
+  // A recompute runs the forward again first; B leaves W's share to W.
+  const double seconds = (recompute_ ? virtual_.forward_seconds_per_unit : 0) +
+                         virtual_.backward_seconds_per_unit -
+                         (part == Part::kInput ? virtual_.weight_seconds_per_unit : 0);
+  Busy(seconds * units_);
   if (is_first()) return torch::Tensor();
   auto zeros = virtual_zeros_.find(saved.input.sizes().vec());
   if (zeros == virtual_zeros_.end()) {
@@ -894,6 +1142,8 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
   }
   absl::MutexLock lock(&stats_mu_);
   stats_.steps = step_ = step;
+  train_forwards_ = step * microbatches_per_step_;
+  first_version_ = step;  // a cut holds one version
   if (warmup_steps_ > 0 && step >= warmup_steps_) stats_.async_from_step = warmup_steps_;
   const double alpha = BaseLearningRate(lr_schedule_, step);
   stats_.learning_rate = step < warmup_steps_

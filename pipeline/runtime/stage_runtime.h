@@ -4,19 +4,28 @@
 // they return.
 //
 // Update rules by schedule (see docs/algorithm.md):
-//   gpipe:     backward at the current weights (== forward weights: τ = 0).
+//   gpipe, 1f1b, zero_bubble: backward at the current weights (== forward
+//              weights: τ = 0); zero_bubble splits it into B (Backward: the
+//              input gradient) and W (WeightGradient).
 //   pipedream: backward at the weights its forward used, stashed at forward
 //              time (one copy per weight version still in flight).
+//   pipedream_2bw: every microbatch of step t runs forward and backward at
+//              W(t-1) (W(t) during a warm-up), the one stashed version
+//              besides the live W(t); the step applies its gradient to W(t).
 //   async:     backward at the current weights w_t (the naive baseline).
 //   pipemare:  backward at T2's u_bkwd = w_t - τ_i δ_t (at w_t when T2 is
 //              off); step size by T1.
-// All: one optimizer step every N backwards; the three asynchronous ones
-// have the analytic delay τ_i = ceil((P-1-i)/N). With a synchronous warm-up
-// (T3) they run as gpipe until `warmup_steps` steps are applied: backward at
-// w_t, no T1; T2's velocity is kept up to date so it is warm at the switch.
-// T1's annealing then counts from the switch.
-// Backward recomputes the stage forward from the saved stage input at the
-// backward weights, so autograd never holds a graph across an update.
+// All: one optimizer step every N backwards; pipemare, pipedream and async
+// have the analytic delay τ_i = ceil((P-1-i)/N), pipedream_2bw 1. With a
+// synchronous warm-up (T3) they run as gpipe until `warmup_steps` steps are
+// applied: backward at w_t, no T1; T2's velocity is kept up to date so it is
+// warm at the switch. T1's annealing then counts from the switch.
+// schedule.recompute: a backward recomputes the stage forward from the saved
+// stage input at the backward weights, so autograd never holds a graph
+// across an update; without it (the schedules whose backward runs at the
+// forward's weights) the training forward keeps its graph, and the backward
+// differentiates that: a stashed version's forward runs on a copy of the
+// stage holding that version, so no update touches what the graph saved.
 //
 // Thread-compatible: one thread (the stage host's compute thread) calls the
 // mutators; Stats() may be called from any thread.
@@ -26,6 +35,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -68,7 +78,7 @@ struct StageStats {
   // at: its forward's version under gpipe and pipedream, the current one
   // under async and pipemare (T2 extrapolates from it); -1 before any.
   int64_t last_backward_version = -1;
-  int64_t stashed_versions = 0;  // weight versions held in the stash
+  int64_t stashed_versions = 0;  // weight versions held in the stash (or stage copies)
   double last_grad_norm = 0;     // before clipping, at the last step; 0 without clipping
   StageMemory memory;
   StageMemory peak_memory;  // the most of each kind held at any time
@@ -81,14 +91,19 @@ struct StageStats {
 // step counts, the measured delays and T1's learning rates. The values are
 // not: outputs and gradients are zeros and the weights never change. For
 // speed benchmarks only (pipemare-worker --virtual-device).
+// A backward that recomputes also waits the forward's time; zero_bubble's
+// B waits the backward's less its W share, and W that share.
 struct VirtualDevice {
   bool enabled = false;
   double forward_seconds_per_unit = 0;
-  double backward_seconds_per_unit = 0;
+  double backward_seconds_per_unit = 0;  // the whole backward, B and W
+  double weight_seconds_per_unit = 0;    // W's share of it
 };
 
-// "FWD_MS,BWD_MS" (milliseconds per unit, >= 0) -> an enabled VirtualDevice;
-// INVALID_ARGUMENT naming `flag` otherwise.
+// "FWD_MS,BWD_MS[,W_MS]" (milliseconds per unit, >= 0) -> an enabled
+// VirtualDevice: BWD_MS the input gradient and W_MS the weight gradient
+// (the whole backward BWD_MS + W_MS); without W_MS, BWD_MS is the whole
+// backward and W half of it. INVALID_ARGUMENT naming `flag` otherwise.
 absl::StatusOr<VirtualDevice> ParseVirtualDevice(const std::string& text, const std::string& flag);
 
 struct LossResult {
@@ -143,7 +158,13 @@ class StageRuntime {
   // undefined on the last stage (the saved loss is differentiated). Returns
   // dL/d(stage input), undefined on the first stage. Accumulates the
   // gradient; it never steps by itself (the plan's U does: Step).
+  // zero_bubble: only the input gradient (B); WeightGradient follows.
   absl::StatusOr<torch::Tensor> Backward(uint64_t microbatch, const torch::Tensor& grad_output);
+
+  // zero_bubble's W: the weight gradient of a microbatch whose Backward ran,
+  // accumulated; frees what the microbatch held. FAILED_PRECONDITION on
+  // another schedule or before its Backward.
+  absl::Status WeightGradient(uint64_t microbatch);
 
   // Drops saved microbatch `microbatch` from learning (train.on_nonfinite:
   // skip): its Backward then differentiates nothing, accumulates no
@@ -182,14 +203,29 @@ class StageRuntime {
 
  private:
   StageRuntime(const v1::StageAssignment& a, ScheduleKind kind, torch::nn::Sequential module,
-               torch::Device device, VirtualDevice virtual_device);
+               std::function<torch::nn::Sequential()> build, torch::Device device,
+               VirtualDevice virtual_device);
+  // A copy of the stage with the live parameters' current data and buffers.
+  std::shared_ptr<torch::nn::SequentialImpl> CopyOfStage();
 
   struct Saved {
     torch::Tensor input;
     torch::Tensor targets;  // last stage only
-    int64_t step = 0;       // optimizer steps applied when the forward ran
-    torch::Tensor rng;      // the generator's state before the forward (dropout's masks)
-    bool dropped = false;   // Drop(): the backward only passes zeros on
+    // The weight version the forward ran at (optimizer steps applied then;
+    // pipedream_2bw: the version it picked).
+    int64_t step = 0;
+    torch::Tensor rng;     // the generator's state before the forward (dropout's masks)
+    bool dropped = false;  // Drop(): the backward only passes zeros on
+    // The graph (schedule.recompute false; zero_bubble from B to W): the
+    // stage input it starts at (requires grad but on the first stage), its
+    // output (the last stage: the loss over N), the copy of the stage it ran
+    // on when not the live one, and, from B on, the gradient it got.
+    torch::Tensor x;
+    torch::Tensor output;
+    std::shared_ptr<torch::nn::SequentialImpl> copy;
+    torch::Tensor grad_output;
+    std::vector<torch::Tensor> buffers;  // a recompute's, put back after W
+    bool input_gradient_done = false;    // zero_bubble: B ran, W to come
   };
 
   // A stashed weight version (pipedream) and the in-flight microbatches
@@ -201,10 +237,24 @@ class StageRuntime {
 
   // Saves what the backward of a training forward needs: the stage input,
   // the targets (last stage) and, under pipedream, the weight version.
-  void Remember(uint64_t microbatch, const torch::Tensor& input, const torch::Tensor& targets,
-                const torch::Tensor& rng);
-  // The forward without remembering anything (training or evaluation mode).
-  absl::StatusOr<torch::Tensor> Run(const torch::Tensor& input, bool train);
+  // `saved` has the input, targets, version (step), rng and any graph.
+  void Remember(uint64_t microbatch, Saved saved);
+  // The forward (training or evaluation mode). With `graph`, it keeps the
+  // graph there (x, output, copy) for the backward: on a copy of the stage
+  // at version `version` where that is not the live weights or an update
+  // comes before the backward.
+  absl::StatusOr<torch::Tensor> Run(const torch::Tensor& input, bool train, Saved* graph = nullptr,
+                                    int64_t version = 0);
+  // pipedream_2bw: the version the next training forward runs at.
+  int64_t TwoBwVersion() const;
+  // The weights of version `version` when not the live ones: pipedream's or
+  // pipedream_2bw's stash; null for the live weights.
+  const std::vector<torch::Tensor>* VersionWeights(int64_t version) const;
+  // Differentiates `saved`'s graph: the whole backward, or (`part`) only the
+  // input gradient (B) or only the weight gradient (W, into the live
+  // parameters' gradients). Returns the input gradient for B and whole.
+  enum class Part { kWhole, kInput, kWeight };
+  torch::Tensor Differentiate(Saved& saved, Part part);
   // The backward's forward at the current (swapped-in) weights, with graph,
   // dropout's masks replayed from `rng`. `buffers` receives copies of the
   // module's buffers from before it (BatchNorm's running statistics), for the
@@ -225,7 +275,7 @@ class StageRuntime {
   double ApplyGradients(double lr, bool compensate, bool compensate_delay);
   // The virtual device's backward: the wait, and a shared zero input
   // gradient (undefined on the first stage).
-  torch::Tensor VirtualBackward(const Saved& saved);
+  torch::Tensor VirtualBackward(const Saved& saved, Part part);
 
   const int stage_;
   const int num_stages_;
@@ -255,6 +305,20 @@ class StageRuntime {
   // pipedream with τ_i > 0 (the last stage's backward follows its forward
   // before any update, so it needs no stash).
   const bool stashing_;
+  const bool two_versions_;  // pipedream_2bw
+  const bool recompute_;     // schedule.recompute
+  const bool split_;         // zero_bubble: B and W
+  // pipedream_2bw: training forwards run (a step's N share a version), and
+  // the oldest version there is (a restored cut holds only its own).
+  int64_t train_forwards_ = 0;
+  int64_t first_version_ = 0;
+  // The newest copy of the stage a kept graph runs on (alive while a saved
+  // microbatch holds it), and its version.
+  std::weak_ptr<torch::nn::SequentialImpl> copy_;
+  int64_t copy_version_ = -1;
+  // pipedream_2bw keeping graphs: the copy at W(k) from step k on, for step
+  // k+1's forwards (what the stash holds when recomputing).
+  std::shared_ptr<torch::nn::SequentialImpl> two_bw_copy_;
   const torch::Device device_;
   const int first_unit_;
   const int units_;
@@ -265,6 +329,7 @@ class StageRuntime {
   std::map<std::vector<int64_t>, torch::Tensor> virtual_out_;
   std::map<std::vector<int64_t>, torch::Tensor> virtual_zeros_;
   torch::nn::Sequential module_;
+  const std::function<torch::nn::Sequential()> build_;  // the stage's units, afresh
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<torch::Tensor> velocity_;  // T2's δ, one per parameter
   // Delay compensation with sgd: the running mean square of g, one per

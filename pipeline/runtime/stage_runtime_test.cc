@@ -1137,7 +1137,13 @@ TEST(VirtualDeviceTest, ParsesMillisecondsPerUnitAndNamesTheFlag) {
   EXPECT_TRUE(v->enabled);
   EXPECT_DOUBLE_EQ(v->forward_seconds_per_unit, 0.002);
   EXPECT_DOUBLE_EQ(v->backward_seconds_per_unit, 0.0045);
-  for (const char* bad : {"", "2", "2,", ",4", "a,b", "-1,2", "2,4,6", "nan,1"}) {
+  // Three values: B's and W's shares of the backward.
+  auto split = ParseVirtualDevice("2,4,6", "--virtual-device");
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_DOUBLE_EQ(split->backward_seconds_per_unit, 0.010);
+  EXPECT_DOUBLE_EQ(split->weight_seconds_per_unit, 0.006);
+  EXPECT_DOUBLE_EQ(v->weight_seconds_per_unit, 0.00225) << "half the backward unless given";
+  for (const char* bad : {"", "2", "2,", ",4", "a,b", "-1,2", "2,4,6,8", "2,4,", "nan,1"}) {
     auto b = ParseVirtualDevice(bad, "--virtual-device");
     ASSERT_FALSE(b.ok()) << bad;
     EXPECT_THAT(std::string(b.status().message()), HasSubstr("--virtual-device")) << bad;
