@@ -149,6 +149,11 @@ int Main(int argc, char** argv) {
                    "Cost of a backward relative to a forward")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  simulate_cmd
+      ->add_option("--weight-share", simulate.weight_share,
+                   "zero_bubble: the weight gradient W's share of a backward")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
 
   DevPkiOptions dev_ca;
   std::vector<std::string> worker_hosts;

@@ -20,6 +20,10 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
   if (!(options.backward_cost > 0)) {
     return absl::InvalidArgumentError("--backward-cost: must be > 0 (a forward costs 1)");
   }
+  if (!(options.weight_share >= 0 && options.weight_share <= 1)) {
+    return absl::InvalidArgumentError(
+        "--weight-share: must be in [0, 1] (the weight gradient W's share of a backward)");
+  }
   const auto& s = spec.schedule();
   const int64_t warmup =
       s.warmup_steps() > 0 ? s.warmup_steps()
@@ -29,12 +33,29 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
   auto plan = BuildPlan(plan_options);
   if (!plan.ok()) return plan.status();
   if (auto st = ValidatePlan(*plan); !st.ok()) return st;
-  plan_options.schedule = ScheduleKind::kGPipe;
-  auto gpipe = BuildPlan(plan_options);
-  if (!gpipe.ok()) return gpipe.status();
-
-  const Prediction p = PredictPlan(*plan, 1, options.backward_cost);
-  const Prediction g = PredictPlan(*gpipe, 1, options.backward_cost);
+  auto predict = [&](const Plan& plan) {
+    return PredictPlan(plan, 1, options.backward_cost, options.weight_share);
+  };
+  // The synchronous schedules on the same pipeline, and the best of them.
+  struct Synchronous {
+    ScheduleKind kind;
+    Prediction prediction;
+  };
+  std::vector<Synchronous> sync;
+  for (ScheduleKind k :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble}) {
+    PlanOptions o = plan_options;
+    o.schedule = k;
+    auto sync_plan = BuildPlan(o);
+    if (!sync_plan.ok()) return sync_plan.status();
+    sync.push_back({k, predict(*sync_plan)});
+  }
+  const Synchronous* best = &sync[0];
+  for (const Synchronous& x : sync) {
+    if (x.prediction.makespan < best->prediction.makespan) best = &x;
+  }
+  const Prediction p = predict(*plan);
+  const Prediction& g = sync[0].prediction;
   const int P = s.stages(), N = s.microbatches_per_step();
   // With a synchronous warm-up, the asynchronous phase that follows it on
   // its own (the warm-up itself runs as gpipe does).
@@ -45,7 +66,7 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
     async_options.warmup_steps = 0;
     auto async_plan = BuildPlan(async_options);
     if (!async_plan.ok()) return async_plan.status();
-    after_warmup = PredictPlan(*async_plan, 1, options.backward_cost);
+    after_warmup = predict(*async_plan);
   }
   if (options.json) {
     nlohmann::json j = {{"schedule", ScheduleName(kind)},
@@ -54,10 +75,20 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
                         {"steps", options.steps},
                         {"warmup_steps", warmup},
                         {"backward_cost", options.backward_cost},
+                        {"weight_share", options.weight_share},
+                        {"recompute", Recomputes(s)},
                         {"predicted_utilization", p.mean_utilization},
                         {"gpipe_utilization", g.mean_utilization},
                         {"throughput_vs_gpipe", g.makespan / p.makespan},
+                        {"best_synchronous", ScheduleName(best->kind)},
+                        {"throughput_vs_best_synchronous", best->prediction.makespan / p.makespan},
+                        {"synchronous", nlohmann::json::object()},
                         {"per_stage", nlohmann::json::array()}};
+    for (const Synchronous& x : sync) {
+      j["synchronous"][ScheduleName(x.kind)] = {
+          {"utilization", x.prediction.mean_utilization},
+          {"throughput_vs_gpipe", g.makespan / x.prediction.makespan}};
+    }
     if (after_warmup) {
       j["after_warmup_utilization"] = after_warmup->mean_utilization;
       j["after_warmup_throughput_vs_gpipe"] = g.makespan / after_warmup->makespan;
@@ -67,7 +98,9 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
       j["per_stage"].push_back({{"stage", i},
                                 {"tau", st.max_delay},
                                 {"mean_delay", st.mean_delay},
-                                {"utilization", st.utilization}});
+                                {"utilization", st.utilization},
+                                {"held_microbatches", st.max_held},
+                                {"held_by_formula", HeldByFormula(kind, P, i, N)}});
     }
     return j.dump(2) + "\n";
   }
@@ -77,12 +110,14 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
     absl::StrAppend(&out, ", synchronous warm-up for the first ", warmup, " steps");
   }
   absl::StrAppend(&out, "\n\n", FormatPlan(*plan, options.show), "\n");
-  TextTable table({"STAGE", "TAU", "MEAN-DELAY", "UTILIZATION"});
-  for (int c = 0; c < 4; ++c) table.AlignRight(c);
+  // HELD: the most microbatches the stage holds at once (its activation
+  // memory: inputs under recompute, the forward's graph without).
+  TextTable table({"STAGE", "TAU", "MEAN-DELAY", "UTILIZATION", "HELD"});
+  for (int c = 0; c < 5; ++c) table.AlignRight(c);
   for (int i = 0; i < P; ++i) {
     const StagePrediction& st = p.stages[i];
     table.AddRow({Format("%d", i), Format("%d", st.max_delay), Format("%.2f", st.mean_delay),
-                  Format("%.1f%%", 100 * st.utilization)});
+                  Format("%.1f%%", 100 * st.utilization), Format("%d", st.max_held)});
   }
   absl::StrAppend(&out, table.Render());
   if (IsAsynchronous(kind)) {
@@ -123,9 +158,19 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
                        ? " (the simulated steps are all warm-up: raise --steps to see both)"
                        : "")
           : std::string(),
+      Format("synchronous schedules here: gpipe %.1f%%, 1f1b %.1f%%, zero_bubble %.1f%%; "
+             "%s's throughput is %.2fx the best of them (%s)\n",
+             100 * sync[0].prediction.mean_utilization, 100 * sync[1].prediction.mean_utilization,
+             100 * sync[2].prediction.mean_utilization, ScheduleName(kind),
+             best->prediction.makespan / p.makespan, ScheduleName(best->kind)),
+      Format("each stage holds %s microbatches' %s at most (HELD)\n",
+             kind == ScheduleKind::kGPipe ? "N"
+             : IsAsynchronous(kind)       ? "P-i"
+                                          : "min(P-i, N)",
+             Recomputes(s) ? "inputs (schedule.recompute)" : "forward graphs"),
       Format("(model of time: a forward costs 1 and a backward %.3g per microbatch on every "
-             "stage; steps and transfers are free)\n",
-             options.backward_cost));
+             "stage, zero_bubble's W %.0f%% of it; steps and transfers are free)\n",
+             options.backward_cost, 100 * options.weight_share));
   return out;
 }
 

@@ -1,6 +1,8 @@
 // `pipemarectl simulate FILE`: prints each stage's plan for one epoch of the
-// job (pipeline/core/schedule.h) and the utilization and delays it predicts, next
-// to gpipe on the same pipeline. Runs nothing, needs no coordinator.
+// job (pipeline/core/schedule.h), the utilization, delays and activation
+// memory (microbatches held per stage) it predicts, next to the synchronous
+// schedules (gpipe, 1f1b, zero_bubble) on the same pipeline. Runs nothing,
+// needs no coordinator.
 #ifndef PIPEMARE_CLIENT_SIMULATE_H_
 #define PIPEMARE_CLIENT_SIMULATE_H_
 
@@ -14,10 +16,11 @@ namespace pipemare::client {
 
 struct SimulateOptions {
   std::string spec_file;
-  int64_t steps = 100;       // optimizer steps in the simulated epoch
-  int show = 24;             // actions printed per stage (0 = all)
-  double backward_cost = 2;  // a backward's cost relative to a forward's
-  bool json = false;         // one JSON document instead of the text report
+  int64_t steps = 100;        // optimizer steps in the simulated epoch
+  int show = 24;              // actions printed per stage (0 = all)
+  double backward_cost = 2;   // a backward's cost relative to a forward's
+  double weight_share = 0.5;  // zero_bubble: W's share of the backward
+  bool json = false;          // one JSON document instead of the text report
 };
 
 // The report for a validated spec; INVALID_ARGUMENT naming the option or

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/match.h"
 
 namespace pipemare::client {
@@ -53,6 +55,31 @@ TEST(RenderSimulation, GPipeMatchesItsFormula) {
                                 "predicted mean utilization 57.1%; gpipe on the same "
                                 "pipeline 57.1% (N/(N+P-1) = 57.1%); throughput 1.00x"))
       << *out;
+}
+
+TEST(RenderSimulation, ComparesWithEverySynchronousScheduleAndShowsHeldMicrobatches) {
+  SimulateOptions o;
+  o.steps = 10;
+  o.json = true;
+  auto out = RenderSimulation(Spec("pipemare", 8, 8), o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const auto j = nlohmann::json::parse(*out);
+  EXPECT_EQ(j["best_synchronous"], "zero_bubble");
+  EXPECT_GT(j["synchronous"]["zero_bubble"]["utilization"].get<double>(),
+            j["synchronous"]["1f1b"]["utilization"].get<double>());
+  EXPECT_GT(j["throughput_vs_best_synchronous"].get<double>(), 1.2);
+  EXPECT_EQ(j["per_stage"][0]["held_microbatches"], 8);
+  EXPECT_EQ(j["per_stage"][7]["held_microbatches"], 1);
+  EXPECT_EQ(j["per_stage"][3]["held_by_formula"], 5);
+  EXPECT_EQ(j["recompute"], true);
+  o.json = false;
+  v1::JobSpec zb = Spec("zero_bubble", 4, 8);
+  auto text = RenderSimulation(zb, o);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_TRUE(absl::StrContains(*text, "0W1")) << *text;
+  EXPECT_TRUE(absl::StrContains(*text, "min(P-i, N) microbatches' forward graphs")) << *text;
+  o.weight_share = 1.5;
+  EXPECT_TRUE(absl::StrContains(RenderSimulation(zb, o).status().message(), "--weight-share"));
 }
 
 TEST(RenderSimulation, BadOptionsNameTheFlag) {
