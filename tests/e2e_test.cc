@@ -121,6 +121,50 @@ TEST(EndToEnd, PipeDreamAndAsyncTrainWithTheAnalyticDelay) {
   }
 }
 
+// The schedules users compare against, on real workers: 1f1b and
+// zero_bubble are gpipe's updates (τ = 0) in another order, zero_bubble's
+// W's counted on every stage; pipedream_2bw runs every microbatch one
+// version behind (τ = 1) with at most the live weights and one more version
+// per stage, here keeping each forward's graph (no recompute).
+TEST(EndToEnd, OneFOneBZeroBubbleAndPipeDream2BWTrainOnWorkers) {
+  Cluster cluster(3);
+  ASSERT_TRUE(cluster.ok());
+  int n = 0;
+  for (const std::string schedule : {"1f1b", "zero_bubble", "pipedream_2bw"}) {
+    const std::string id = absl::StrCat("job-", ++n);
+    std::string text = ShortSpec("e2e-" + schedule, schedule, 3, 12800);
+    text.replace(text.find("microbatch_size: 32,"), 20,
+                 "microbatch_size: 32, microbatches_per_step: 2,");
+    const std::string spec = cluster.WriteSpec(schedule, text);
+    auto submit = cluster.Ctl({"submit", spec, "--wait"}, 300);
+    ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err << cluster.Logs();
+    v1::JobStatus job = cluster.Status(id);
+    EXPECT_EQ(job.state(), v1::SUCCEEDED) << schedule;
+    EXPECT_EQ(job.schedule(), schedule);
+    ASSERT_EQ(job.stages_size(), 3);
+    for (int i = 0; i < 3; ++i) {
+      const auto& stage = job.stages(i);
+      if (schedule == "pipedream_2bw") {
+        EXPECT_EQ(stage.analytic_delay(), 1) << "stage " << i;
+        EXPECT_GT(stage.measured_delay(), 0.7) << "stage " << i << ": one version behind";
+        EXPECT_LE(stage.peak_memory().stash(), 2 * stage.peak_memory().weights()) << i;
+      } else {
+        EXPECT_EQ(stage.measured_delay(), 0) << schedule << " stage " << i;
+        EXPECT_EQ(stage.peak_memory().stash(), 0) << schedule;
+      }
+    }
+    EXPECT_GE(job.metrics().test_accuracy(), 0.80) << schedule;
+  }
+  // zero_bubble's weight gradients ran as their own actions, one per
+  // microbatch on each stage (12800 / 32 = 400), and only there.
+  auto weights = [&](const std::string& job) {
+    return ScrapeSum(cluster, "pipemare_stage_microbatches_total",
+                     {"pass=\"weight\"", "job_id=\"" + job + "\""});
+  };
+  EXPECT_EQ(weights("job-2"), 3 * 400);
+  EXPECT_EQ(weights("job-1"), 0);
+}
+
 TEST(EndToEnd, Bfloat16WireHalvesTheBytesBetweenStagesAndStillTrains) {
   Cluster cluster(3);
   ASSERT_TRUE(cluster.ok());
