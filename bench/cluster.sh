@@ -82,8 +82,24 @@ for w in json.load(sys.stdin).get("workers", []):
   done
 }
 
-# stage_compute_metrics JOB_ID FILE: the forward and backward seconds
-# histograms' _sum and _count lines.
+# stage_compute_metrics JOB_ID FILE: the forward, backward and weight
+# gradient (zero_bubble's W) seconds histograms' _sum and _count lines.
 stage_compute_metrics() {
-  stage_metrics "$1" "pipemare_stage_(forward|backward)_seconds_(sum|count)" "$2"
+  stage_metrics "$1" "pipemare_stage_(forward|backward|weight_gradient)_seconds_(sum|count)" "$2"
+}
+
+# reset_peak_rss: starts every worker's peak resident set (VmHWM) afresh
+# (Linux: 5 to /proc/PID/clear_refs), so the next job's peak is its own.
+reset_peak_rss() {
+  for pid in "${worker_pids[@]}"; do echo 5 >"/proc/$pid/clear_refs" 2>/dev/null || true; done
+}
+
+# peak_rss_kib: the workers' peak resident sets in KiB, space-separated, in
+# worker order.
+peak_rss_kib() {
+  local out=""
+  for pid in "${worker_pids[@]}"; do
+    out="$out $(awk '/^VmHWM/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)"
+  done
+  echo "$out"
 }

@@ -33,9 +33,13 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
   auto plan = BuildPlan(plan_options);
   if (!plan.ok()) return plan.status();
   if (auto st = ValidatePlan(*plan); !st.ok()) return st;
-  auto predict = [&](const Plan& plan) {
-    return PredictPlan(plan, 1, options.backward_cost, options.weight_share);
+  // A backward that recomputes runs the forward again first (schedule.recompute).
+  auto predict = [&](const Plan& plan, bool recompute) {
+    const double backward = options.backward_cost + (recompute ? 1 : 0);
+    return PredictPlan(plan, 1, backward, options.backward_cost * options.weight_share / backward);
   };
+  // The synchronous schedules recompute only if the spec says so.
+  const bool sync_recompute = s.has_recompute() && s.recompute();
   // The synchronous schedules on the same pipeline, and the best of them.
   struct Synchronous {
     ScheduleKind kind;
@@ -48,13 +52,13 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
     o.schedule = k;
     auto sync_plan = BuildPlan(o);
     if (!sync_plan.ok()) return sync_plan.status();
-    sync.push_back({k, predict(*sync_plan)});
+    sync.push_back({k, predict(*sync_plan, sync_recompute)});
   }
   const Synchronous* best = &sync[0];
   for (const Synchronous& x : sync) {
     if (x.prediction.makespan < best->prediction.makespan) best = &x;
   }
-  const Prediction p = predict(*plan);
+  const Prediction p = predict(*plan, Recomputes(s));
   const Prediction& g = sync[0].prediction;
   const int P = s.stages(), N = s.microbatches_per_step();
   // With a synchronous warm-up, the asynchronous phase that follows it on
@@ -66,7 +70,7 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
     async_options.warmup_steps = 0;
     auto async_plan = BuildPlan(async_options);
     if (!async_plan.ok()) return async_plan.status();
-    after_warmup = predict(*async_plan);
+    after_warmup = predict(*async_plan, Recomputes(s));
   }
   if (options.json) {
     nlohmann::json j = {{"schedule", ScheduleName(kind)},
@@ -169,8 +173,10 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
                                           : "min(P-i, N)",
              Recomputes(s) ? "inputs (schedule.recompute)" : "forward graphs"),
       Format("(model of time: a forward costs 1 and a backward %.3g per microbatch on every "
-             "stage, zero_bubble's W %.0f%% of it; steps and transfers are free)\n",
-             options.backward_cost, 100 * options.weight_share));
+             "stage, zero_bubble's W %.0f%% of it, and 1 more where it recomputes the forward "
+             "(%s does%s); steps and transfers are free)\n",
+             options.backward_cost, 100 * options.weight_share, ScheduleName(kind),
+             Recomputes(s) ? "" : " not"));
   return out;
 }
 
