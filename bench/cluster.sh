@@ -94,12 +94,12 @@ reset_peak_rss() {
   for pid in "${worker_pids[@]}"; do echo 5 >"/proc/$pid/clear_refs" 2>/dev/null || true; done
 }
 
-# peak_rss_kib: the workers' peak resident sets in KiB, space-separated, in
-# worker order.
-peak_rss_kib() {
+# rss_kib FIELD: each worker's VmHWM (peak) or VmRSS (now) in KiB,
+# space-separated, in worker order.
+rss_kib() {
   local out=""
   for pid in "${worker_pids[@]}"; do
-    out="$out $(awk '/^VmHWM/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)"
+    out="$out $(awk "/^$1/ {print \$2}" "/proc/$pid/status" 2>/dev/null || echo 0)"
   done
   echo "$out"
 }

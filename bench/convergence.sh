@@ -16,7 +16,10 @@
 # A schedule written SCHEDULE.sc runs SCHEDULE with
 # schedule.spike_compensation: true, SCHEDULE.lwp with weight_prediction: true
 # (and T2 off), SCHEDULE.sc.lwp with both (e.g. async.sc.lwp), SCHEDULE.dc
-# with delay_compensation: 2 (SCHEDULE.dc0p5: λ0 = 0.5).
+# with delay_compensation: 2 (SCHEDULE.dc0p5: λ0 = 0.5), SCHEDULE.rc with
+# recompute: true (the backward recomputes the forward; the default keeps its
+# graph where the schedule allows). Any schedule.type works: 1f1b,
+# zero_bubble, pipedream_2bw (N >= P - 1) as well.
 #
 # For each run it writes OUT_DIR/NAME.status.json (the final job status),
 # OUT_DIR/NAME.curve (step and training loss, polled from the job while it
@@ -69,10 +72,14 @@ for p in $PS; do
             # (p for the decimal point: .dc0p5 is 0.5).
             dc) extra="$extra, delay_compensation: 2" ;;
             dc[0-9]*) lambda=${option#dc}; extra="$extra, delay_compensation: ${lambda/p/.}" ;;
+            # Recompute the forward in the backward (schedule.recompute).
+            rc) extra="$extra, recompute: true" ;;
             *) echo "convergence.sh: unknown option .$option in $schedule" >&2; exit 2 ;;
           esac
         done
-        if [ "$WARMUP_EPOCHS" != 0 ] && [ "$schedule" != gpipe ]; then
+        # T3's warm-up is for the asynchronous schedules.
+        case "$type" in gpipe | 1f1b | zero_bubble) synchronous=1 ;; *) synchronous=0 ;; esac
+        if [ "$WARMUP_EPOCHS" != 0 ] && [ "$synchronous" = 0 ]; then
           extra="$extra, warmup_epochs: $WARMUP_EPOCHS"
           name="$name-w$WARMUP_EPOCHS"
         fi

@@ -31,7 +31,8 @@
 # Per run, OUT_DIR/NAME.json holds the job's status, each stage's forward
 # (train), backward and weight gradient seconds, scraped from the workers'
 # /metrics, what `pipemarectl simulate` predicts for the same plan, and the
-# workers' peak resident sets (VmHWM, reset before each job).
+# workers' peak resident sets during the job above their resident sets at
+# its start (VmHWM reset before it, less VmRSS then).
 # Utilization of a stage = (forward + backward + W seconds) / training seconds.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -57,6 +58,10 @@ if [ "$VIRTUAL" = 1 ]; then
   export WORKER_FLAGS="--virtual-device $FWD_MS,$BWD_MS${W_MS:+,$W_MS} ${WORKER_FLAGS:-}"
 else
   export WORKER_CPUS=${WORKER_CPUS:-"0 1"}
+  # Tensors of 64 KiB and more straight from mmap, so a freed one leaves the
+  # resident set: each job's peak RSS (VmHWM, reset before it) is then its
+  # own, not the largest heap an earlier job on the same worker left.
+  export MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-65536}
 fi
 source "$root/bench/cluster.sh" "$max_p"
 
@@ -91,11 +96,13 @@ SPEC
       "$bin/pipemarectl" --output json simulate "$work/spec.yaml" --steps $((microbatches / n)) \
         --backward-cost "$bwd_cost" --weight-share "$w_share" >"$work/predicted.json"
       reset_peak_rss
+      rss_before=$(rss_kib VmRSS)
       id=$(run_job "$work/spec.yaml" "$work/status.json")
       stage_compute_metrics "$id" "$work/metrics.txt"
       python3 - "$work/status.json" "$work/metrics.txt" "$out/$name.json" \
         "$p" "$n" "$schedule" "$microbatches" "$MICROBATCH" "$VIRTUAL" "$FWD_MS" "$BWD_MS" \
-        "$work/predicted.json" "$(peak_rss_kib)" "${RECOMPUTE:-default}" "$work/spec.yaml" <<'PY'
+        "$work/predicted.json" "$(rss_kib VmHWM)" "${RECOMPUTE:-default}" "$work/spec.yaml" \
+        "$rss_before" <<'PY'
 import json, re, sys
 status = json.load(open(sys.argv[1]))
 layers = [int(x) for x in re.search(r'layers: \[([^\]]*)\]', open(sys.argv[15]).read()).group(1).split(',')]
@@ -119,11 +126,16 @@ json.dump({"p": p, "n": n, "schedule": sys.argv[6], "microbatches": mbs, "microb
                                       for s in status.get("stages", [])],
            "peak_stash": [int(s.get("peak_memory", {}).get("stash", 0))
                           for s in status.get("stages", [])],
-           "peak_rss_kib": [int(x) for x in sys.argv[13].split()],
-           # A microbatch's saved stage input (and the last stage's targets),
-           # when each stage is one unit of the MLP.
-           "saved_bytes_per_microbatch": [layers[i] * mb * 4 + (mb * 8 if i == p - 1 else 0)
-                                          for i in range(p)] if len(layers) == p + 1 else None},
+           # Each worker's peak resident set during the job, above what it
+           # held when the job started (workers outlive jobs).
+           "peak_rss_kib": [int(h) - int(b) for h, b in zip(sys.argv[13].split(), sys.argv[16].split())],
+           # A microbatch's saved stage input (and the last stage's targets;
+           # and its output, the loss on the last stage, where the graph is
+           # kept), when each stage is one unit of the MLP.
+           "saved_bytes_per_microbatch": [
+               layers[i] * mb * 4 + (mb * 8 if i == p - 1 else 0) +
+               (0 if predicted["recompute"] else (4 if i == p - 1 else layers[i + 1] * mb * 4))
+               for i in range(p)] if len(layers) == p + 1 else None},
           open(sys.argv[3], "w"))
 PY
       echo "$name: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["state"])' \

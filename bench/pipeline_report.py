@@ -9,7 +9,7 @@ same plan and costs), samples/s, and memory: the microbatches each stage held
 at its peak (peak saved activations over one microbatch's saved input, where
 each stage is one unit) against the formula (pipeline/core/schedule.h:
 HeldByFormula), the largest peak stash, and the largest worker's peak
-resident set. Then, per (P, N), each schedule's samples/s over the best
+resident set during the job above its resident set at the job's start. Then, per (P, N), each schedule's samples/s over the best
 synchronous schedule's (gpipe, 1f1b, zero_bubble) and over gpipe's.
 """
 import glob
@@ -41,8 +41,8 @@ def main():
     runs.sort(key=lambda r: (r["p"], r["n"], r.get("recompute", "default"),
                              ORDER.index(r["schedule"]) if r["schedule"] in ORDER else 99))
     print("| P | N | schedule | recompute | mean utilization | lowest stage | predicted | samples/s "
-          "| held per stage (measured) | held (formula) | peak stash, largest | peak RSS, largest "
-          "worker | state |")
+          "| held per stage (measured) | held (formula) | peak stash, largest | peak RSS growth, "
+          "largest worker | state |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rate = {}
     for r in runs:

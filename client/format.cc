@@ -277,6 +277,11 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
                                        static_cast<long long>(switched))
                               : " (synchronous warm-up)";
   }
+  // How the backward gets the forward's activations (schedule.recompute).
+  if (!spec_schedule.type().empty()) {
+    schedule += Recomputes(spec_schedule) ? "; backward recomputes the forward"
+                                          : "; backward uses the forward's graph";
+  }
   summary.AddRow({"SCHEDULE", schedule});
   if (!job.partition().empty()) {
     std::string partition = job.partition();

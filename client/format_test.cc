@@ -54,7 +54,12 @@ TEST(RenderJobStatus, ShowsTheWarmupSwitch) {
   EXPECT_TRUE(absl::StrContains(RenderJobStatus(job), "pipemare (synchronous warm-up)"));
   job.mutable_stages(0)->set_async_from_step(100);
   EXPECT_TRUE(absl::StrContains(RenderJobStatus(job),
-                                "pipemare (synchronous warm-up, asynchronous from step 100)"));
+                                "pipemare (synchronous warm-up, asynchronous from step 100); "
+                                "backward recomputes the forward"));
+  job.set_schedule("zero_bubble");
+  job.mutable_spec()->mutable_schedule()->set_type("zero_bubble");
+  EXPECT_TRUE(
+      absl::StrContains(RenderJobStatus(job), "zero_bubble; backward uses the forward's graph"));
 }
 
 // The stages table's line for stage `index` (starts with the index, right
