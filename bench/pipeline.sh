@@ -130,11 +130,12 @@ json.dump({"p": p, "n": n, "schedule": sys.argv[6], "microbatches": mbs, "microb
            # held when the job started (workers outlive jobs).
            "peak_rss_kib": [int(h) - int(b) for h, b in zip(sys.argv[13].split(), sys.argv[16].split())],
            # A microbatch's saved stage input (and the last stage's targets;
-           # and its output, the loss on the last stage, where the graph is
-           # kept), when each stage is one unit of the MLP.
+           # and its output, the loss on the last stage, where a real device
+           # keeps the graph), when each stage is one unit of the MLP.
            "saved_bytes_per_microbatch": [
                layers[i] * mb * 4 + (mb * 8 if i == p - 1 else 0) +
-               (0 if predicted["recompute"] else (4 if i == p - 1 else layers[i + 1] * mb * 4))
+               (0 if predicted["recompute"] or sys.argv[9] == "1"  # the virtual device keeps none
+                else (4 if i == p - 1 else layers[i + 1] * mb * 4))
                for i in range(p)] if len(layers) == p + 1 else None},
           open(sys.argv[3], "w"))
 PY

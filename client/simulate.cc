@@ -168,9 +168,10 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
              100 * sync[2].prediction.mean_utilization, ScheduleName(kind),
              best->prediction.makespan / p.makespan, ScheduleName(best->kind)),
       Format("each stage holds %s microbatches' %s at most (HELD)\n",
-             kind == ScheduleKind::kGPipe ? "N"
-             : IsAsynchronous(kind)       ? "P-i"
-                                          : "min(P-i, N)",
+             kind == ScheduleKind::kGPipe        ? "N"
+             : kind == ScheduleKind::kZeroBubble ? "min(P, N)"
+             : IsAsynchronous(kind)              ? "P-i"
+                                                 : "min(P-i, N)",
              Recomputes(s) ? "inputs (schedule.recompute)" : "forward graphs"),
       Format("(model of time: a forward costs 1 and a backward %.3g per microbatch on every "
              "stage, zero_bubble's W %.0f%% of it, and 1 more where it recomputes the forward "

@@ -67,8 +67,14 @@ TEST(RenderSimulation, ComparesWithEverySynchronousScheduleAndShowsHeldMicrobatc
   EXPECT_EQ(j["best_synchronous"], "zero_bubble");
   EXPECT_GT(j["synchronous"]["zero_bubble"]["utilization"].get<double>(),
             j["synchronous"]["1f1b"]["utilization"].get<double>());
-  // pipemare pays a recompute per backward that the synchronous ones do not.
-  EXPECT_GT(j["throughput_vs_best_synchronous"].get<double>(), 1.05);
+  // pipemare pays a recompute per backward that the synchronous ones do
+  // not: at P = N = 8 ZB-H1's third of a bubble costs about as much as
+  // that (0.96x over 100 steps); at P = 32 it is far behind (1.78x over
+  // these 10 steps, fill and drain included; 2.38x over 100).
+  EXPECT_LT(j["throughput_vs_best_synchronous"].get<double>(), 1.0);
+  auto deep = RenderSimulation(Spec("pipemare", 32, 8), o);
+  ASSERT_TRUE(deep.ok()) << deep.status();
+  EXPECT_GT(nlohmann::json::parse(*deep)["throughput_vs_best_synchronous"].get<double>(), 1.5);
   EXPECT_EQ(j["per_stage"][0]["held_microbatches"], 8);
   EXPECT_EQ(j["per_stage"][7]["held_microbatches"], 1);
   EXPECT_EQ(j["per_stage"][3]["held_by_formula"], 5);
@@ -78,7 +84,7 @@ TEST(RenderSimulation, ComparesWithEverySynchronousScheduleAndShowsHeldMicrobatc
   auto text = RenderSimulation(zb, o);
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_TRUE(absl::StrContains(*text, "0W1")) << *text;
-  EXPECT_TRUE(absl::StrContains(*text, "min(P-i, N) microbatches' forward graphs")) << *text;
+  EXPECT_TRUE(absl::StrContains(*text, "min(P, N) microbatches' forward graphs")) << *text;
   o.weight_share = 1.5;
   EXPECT_TRUE(absl::StrContains(RenderSimulation(zb, o).status().message(), "--weight-share"));
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <deque>
 #include <map>
-#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -86,8 +85,9 @@ int HeldByFormula(ScheduleKind kind, int stages, int stage, int microbatches_per
     case ScheduleKind::kGPipe:
       return microbatches_per_step;
     case ScheduleKind::kOneFOneB:
-    case ScheduleKind::kZeroBubble:
       return std::min(depth, microbatches_per_step);
+    case ScheduleKind::kZeroBubble:
+      return std::min(stages, microbatches_per_step);
     default:
       return depth;
   }
@@ -96,17 +96,20 @@ int HeldByFormula(ScheduleKind kind, int stages, int stage, int microbatches_per
 namespace {
 
 // ZB-H1's order for one synchronous step of microbatches 1..N, every stage's
-// (the handcrafted schedule of Qi et al. found greedily): on the model of
+// (the handcrafted schedule of Qi et al., found greedily): on the model of
 // time in which F, B and W each cost one unit and transfers are free, each
 // stage, when free, runs the first of: B of its next microbatch once the
 // gradient is there (the critical path upstream); F of its next one once
-// the activation is there, while it holds fewer than min(P-i, N)
-// microbatches (forwarded, W not yet run: 1f1b's activation memory); the
-// oldest pending W, first of all once more than P-1-i wait for it.
-// Otherwise it idles until one of those can run.
+// the activation is there, while fewer than min(P-i, N) await their B (1f1b's
+// fill) and it holds fewer than min(P, N) microbatches (forwarded, W not yet
+// run: 1f1b's peak activation memory, stage 0's, which ZB-H1 keeps); the
+// oldest pending W. Otherwise it idles until one of those can run. At
+// P = N = 8 the bubble is (P-1)(F+B-W) = 7 units a step against 1f1b's 21,
+// the paper's third.
 std::vector<std::vector<Action>> ZeroBubbleStep(int P, int64_t N) {
   constexpr double kNever = 1e300;
   std::vector<std::vector<Action>> out(P);
+  const int64_t budget = std::min<int64_t>(P, N);  // 1f1b's largest activation memory
   std::vector<double> clock(P, 0);
   std::vector<int64_t> next_f(P, 1), next_b(P, 1);
   std::vector<std::deque<int64_t>> pending(P);
@@ -127,20 +130,16 @@ std::vector<std::vector<Action>> ZeroBubbleStep(int P, int64_t N) {
                                  ? kNever
                                  : (i + 1 < P ? ready_at(end_b[i + 1], next_b[i]) : clock[i]);
       const int64_t held = next_f[i] - next_b[i] + static_cast<int64_t>(pending[i].size());
-      const double f_ready = next_f[i] > N || held >= depth
+      const double f_ready = next_f[i] > N || next_f[i] - next_b[i] >= depth || held >= budget
                                  ? kNever
                                  : (i > 0 ? ready_at(end_f[i - 1], next_f[i]) : clock[i]);
-      // W when nothing else can start now, or when too many wait for it.
+      // W when neither B nor F can start now.
       const bool w_possible = !pending[i].empty();
-      const bool w_forced =
-          w_possible && static_cast<int64_t>(pending[i].size()) > std::max(P - 1 - i, 0);
       double start;
       Op op;
       const double b_start = std::max(clock[i], b_ready);
       const double f_start = std::max(clock[i], f_ready);
-      if (w_forced) {
-        start = clock[i], op = Op::kWeight;
-      } else if (b_start <= clock[i]) {
+      if (b_start <= clock[i]) {
         start = b_start, op = Op::kBackward;
       } else if (f_start <= clock[i]) {
         start = f_start, op = Op::kForward;
@@ -203,38 +202,23 @@ absl::StatusOr<std::vector<Action>> BuildStagePlan(const PlanOptions& o, int sta
   };
   // Microbatches first..last in one-forward-one-backward order: fill with
   // `depth` forwards, then one backward and one forward, then the remaining
-  // backwards. `defer` (zero_bubble): each B's W waits until more than
-  // `defer` are pending, and the rest run after the last B.
-  auto one_f_one_b = [&](int64_t first, int64_t last, int64_t depth, std::optional<int64_t> defer) {
-    std::deque<int64_t> pending;
-    auto weight = [&] {
-      a.push_back({i, Op::kWeight, pending.front()});
-      pending.pop_front();
-      complete();
-    };
-    int64_t next_f = first, next_b = first;
-    while (next_b <= last) {
+  // backwards.
+  auto one_f_one_b = [&](int64_t first, int64_t last, int64_t depth) {
+    for (int64_t next_f = first, next_b = first; next_b <= last;) {
       if (next_f <= last && next_f - next_b < depth) {
         forward(next_f++);
-        continue;
-      }
-      a.push_back({i, Op::kBackward, next_b});
-      if (!defer) {
-        complete();
       } else {
-        pending.push_back(next_b);
-        while (static_cast<int64_t>(pending.size()) > *defer) weight();
+        a.push_back({i, Op::kBackward, next_b++});
+        complete();
       }
-      ++next_b;
     }
-    while (!pending.empty()) weight();
   };
   std::vector<Action> zb;  // zero_bubble: this stage's order within a step
   for (int64_t s = 0; s < sync_steps; ++s) {
     const int64_t first = s * N + 1, last = (s + 1) * N;
     switch (o.schedule) {
       case ScheduleKind::kOneFOneB:
-        one_f_one_b(first, last, std::min<int64_t>(P - i, N), std::nullopt);
+        one_f_one_b(first, last, std::min<int64_t>(P - i, N));
         break;
       case ScheduleKind::kZeroBubble:
         if (zb.empty()) zb = ZeroBubbleStep(P, N)[i];
@@ -250,13 +234,13 @@ absl::StatusOr<std::vector<Action>> BuildStagePlan(const PlanOptions& o, int sta
         }
         break;
       default:  // gpipe, and the asynchronous schedules' warm-up
-        one_f_one_b(first, last, N, std::nullopt);
+        one_f_one_b(first, last, N);
         break;
     }
   }
   // Asynchronous: 1F1B without a flush, at most P - i forwards outstanding;
   // cool-down after the epoch's last forward.
-  if (sync_steps < o.steps) one_f_one_b(sync_steps * N + 1, o.steps * N, P - i, std::nullopt);
+  if (sync_steps < o.steps) one_f_one_b(sync_steps * N + 1, o.steps * N, P - i);
   return a;
 }
 

@@ -15,8 +15,9 @@
 //     remaining backwards (cool-down), then U; at most P-i activations held;
 //   zero_bubble (ZB-H1, Qi et al., ICLR 2024): per step, each backward split
 //     into B (input gradient, sent upstream at once) and W (weight
-//     gradient); B first, F while 1f1b's min(P-i, N) microbatches bound
-//     holds, W in the time 1f1b idles (schedule.cc: ZeroBubbleStep);
+//     gradient); B first, F within 1f1b's fill and its peak memory (min(P, N)
+//     microbatches held on any stage), W in the time 1f1b idles
+//     (schedule.cc: ZeroBubbleStep);
 //   pipemare, pipedream, pipedream_2bw, async: 1F1B without a flush. Stage i
 //     keeps at most P-i forwards outstanding: it fills with P-i forwards,
 //     then alternates one backward and one forward; after the epoch's last
@@ -153,9 +154,9 @@ Prediction PredictPlan(const Plan& plan, double forward_cost = 1, double backwar
                        double weight_fraction = 0.5);
 
 // The most microbatches stage i of P holds at once under `kind` with N
-// microbatches per step, by formula (after any warm-up): gpipe N; 1f1b and
-// zero_bubble min(P-i, N) (a zero_bubble microbatch is held until its W);
-// the asynchronous ones P-i.
+// microbatches per step, by formula (after any warm-up): gpipe N; 1f1b
+// min(P-i, N); zero_bubble min(P, N) on every stage (1f1b's peak, stage 0's;
+// a microbatch is held until its W); the asynchronous ones P-i.
 int HeldByFormula(ScheduleKind kind, int stages, int stage, int microbatches_per_step);
 
 }  // namespace pipemare

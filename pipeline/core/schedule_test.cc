@@ -96,12 +96,13 @@ TEST(BuildPlanTest, OneFOneBIsGPipesStepsInOneForwardOneBackwardOrder) {
 }
 
 TEST(BuildPlanTest, ZeroBubbleSplitsEachBackwardAndRunsWInTheBubbles) {
-  // B sends the gradient up at once; the last stage runs each W right after
-  // its B, stage 0 runs its W's where 1f1b would wait for gradients.
+  // B sends the gradient up at once and comes first; W's wait for the time
+  // 1f1b idles (the last stage defers two), no stage holding more than
+  // min(P, N) = 3 microbatches.
   EXPECT_EQ(FormatPlan(MustBuild("zero_bubble", 3, 4, 1)),
-            "stage 0: 0F1 0F2 0F3 0B1 0W1 0F4 0B2 0W2 0B3 0W3 0B4 0W4 0U1\n"
-            "stage 1: 1F1 1F2 1B1 1W1 1F3 1B2 1W2 1F4 1B3 1W3 1B4 1W4 1U1\n"
-            "stage 2: 2F1 2B1 2W1 2F2 2B2 2W2 2F3 2B3 2W3 2F4 2B4 2W4 2U1\n");
+            "stage 0: 0F1 0F2 0F3 0B1 0W1 0B2 0F4 0B3 0W2 0W3 0B4 0W4 0U1\n"
+            "stage 1: 1F1 1F2 1B1 1F3 1B2 1W1 1B3 1F4 1W2 1W3 1B4 1W4 1U1\n"
+            "stage 2: 2F1 2B1 2F2 2B2 2F3 2B3 2W1 2W2 2F4 2B4 2W3 2W4 2U1\n");
 }
 
 // Activation memory: the most microbatches each stage holds, from the plan
@@ -130,6 +131,12 @@ TEST(PredictPlanTest, ZeroBubbleBeatsOneFOneBWhichMatchesGPipe) {
     auto util = [&](const char* s) { return PredictPlan(MustBuild(s, P, N, 10)).mean_utilization; };
     EXPECT_NEAR(util("1f1b"), util("gpipe"), 1e-12) << "P=" << P;
     EXPECT_GT(util("zero_bubble"), util("1f1b") + 0.05) << "P=" << P;
+    if (P == 8) {
+      // ZB-H1's bubble, (P-1)(F+B-W) = 7 units a step, a third of 1f1b's
+      // (P-1)(F+B+W) = 21, with 24 units of work per stage and step.
+      EXPECT_NEAR(24 / util("zero_bubble") - 24, 7, 0.8);
+      EXPECT_NEAR(24 / util("1f1b") - 24, 21, 0.8);
+    }
     EXPECT_GT(util("pipemare"), util("zero_bubble")) << "P=" << P;
   }
   // An unsplit plan ignores the W share; zero_bubble's B and W add up to
