@@ -438,12 +438,13 @@ absl::StatusOr<torch::Tensor> StageRuntime::Run(const torch::Tensor& input, bool
   torch::Tensor out;
   absl::Status st = Guard(absl::StrCat("stage ", stage_, " forward").c_str(), [&] {
     if (graph != nullptr) {
-      // An update may come before the backward (the asynchronous schedules,
-      // after any warm-up): the graph runs on a copy of the stage at the
-      // forward's weights, which no step writes. One copy per version.
+      // An update may come before the backward (pipedream on a stage with
+      // τ_i > 0, pipedream_2bw, after any warm-up): the graph runs on a copy
+      // of the stage at the forward's weights, which no step writes. One
+      // copy per version.
       std::shared_ptr<torch::nn::SequentialImpl> m = module_.ptr();
       const int64_t step = two_versions_ ? train_forwards_ / microbatches_per_step_ : step_;
-      if (IsAsynchronous(kind_) && step >= warmup_steps_) {
+      if ((two_versions_ || (IsAsynchronous(kind_) && tau_ > 0)) && step >= warmup_steps_) {
         std::shared_ptr<torch::nn::SequentialImpl> copy = copy_.lock();
         if (!copy || copy_version_ != version) {
           if (version != step_) {
