@@ -12,7 +12,7 @@ export PIPEMARE_INSECURE=1
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 "$bin/pipemare-coordinator" --listen 127.0.0.1:0 --address-file "$work/addr" \
-  --metrics-listen 127.0.0.1:0 2>"$work/coordinator.log" &
+  --metrics-listen 127.0.0.1:0 --metrics-address-file "$work/metrics_addr" 2>"$work/coordinator.log" &
 for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
 addr=$(cat "$work/addr")
 read -r -a worker_cpus <<<"${WORKER_CPUS:-}"

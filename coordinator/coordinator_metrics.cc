@@ -6,6 +6,8 @@
 #include <map>
 #include <string>
 
+#include "coordinator/feeds.h"
+
 namespace pipemare {
 namespace {
 
@@ -68,6 +70,13 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
              "Times a worker went LOST because it refused the coordinator's connection",
              MetricType::Counter);
   Add(unreachable, {}, static_cast<double>(registry_->Unreachable()));
+
+  MetricFamily sent = Family(
+      "pipemare_coordinator_sent_bytes_total",
+      "Bytes the coordinator sent on its feeds to stage 0 and the last stage (data slices; the "
+      "stages read the examples themselves)",
+      MetricType::Counter);
+  Add(sent, {{"path", "feeds"}}, static_cast<double>(Feeds::TotalSentBytes()));
 
   // Newest first; keep live jobs and the kRecentJobs newest others.
   std::sort(jobs.begin(), jobs.end(), [](const v1::JobStatus& a, const v1::JobStatus& b) {
@@ -151,7 +160,8 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
           rate,       train_loss,
           eval_loss,  eval_accuracy,
           perplexity, predicted,
-          restarts,   recover_seconds};
+          restarts,   recover_seconds,
+          sent};
 }
 
 }  // namespace pipemare

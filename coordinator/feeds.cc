@@ -1,6 +1,7 @@
 #include "coordinator/feeds.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
 
@@ -11,14 +12,19 @@ Feeds::Feeds(std::string job_id, int64_t generation, size_t window)
 
 Feeds::~Feeds() { Close(); }
 
-void Feeds::Open(std::shared_ptr<grpc::Channel> first, std::string first_label,
-                 std::shared_ptr<grpc::Channel> last, std::string last_label) {
-  OpenFeed(target_, std::move(last), last_label, v1::StreamOpen::TARGET_FEED);
-  OpenFeed(input_, std::move(first), first_label, v1::StreamOpen::INPUT_FEED);
+void Feeds::Open(const std::vector<Ends>& replicas) {
+  feeds_.resize(replicas.size());
+  for (size_t r = 0; r < replicas.size(); ++r) {
+    const Ends& e = replicas[r];
+    OpenFeed(feeds_[r].target, static_cast<int>(r), e.last, e.last_label,
+             v1::StreamOpen::TARGET_FEED);
+    OpenFeed(feeds_[r].input, static_cast<int>(r), e.first, e.first_label,
+             v1::StreamOpen::INPUT_FEED);
+  }
 }
 
-void Feeds::OpenFeed(Feed& feed, std::shared_ptr<grpc::Channel> channel, const std::string& label,
-                     v1::StreamOpen::Role role) {
+void Feeds::OpenFeed(Feed& feed, int replica, std::shared_ptr<grpc::Channel> channel,
+                     const std::string& label, v1::StreamOpen::Role role) {
   v1::StageMessage open;
   open.mutable_open()->set_job_id(job_id_);
   open.mutable_open()->set_role(role);
@@ -27,13 +33,14 @@ void Feeds::OpenFeed(Feed& feed, std::shared_ptr<grpc::Channel> channel, const s
   feed.what =
       absl::StrCat(role == v1::StreamOpen::INPUT_FEED ? "input" : "target", " feed to ", label);
   PipeStream::Callbacks callbacks;
-  callbacks.on_message = [this, what = feed.what](absl::StatusOr<PipeMessage> m) {
-    OnMessage(what, std::move(m));
+  callbacks.on_message = [this, replica, what = feed.what](absl::StatusOr<PipeMessage> m) {
+    OnMessage(replica, what, std::move(m));
     return true;  // results and acks are small and bounded by the window
   };
-  callbacks.on_end = [this, what = feed.what](const grpc::Status& st) {
+  callbacks.on_end = [this, replica, what = feed.what](const grpc::Status& st) {
     FeedEvent e;
     e.kind = FeedEvent::kError;
+    e.replica = replica;
     e.error =
         absl::StrCat("lost the ", what, st.ok() ? "" : absl::StrCat(": ", st.error_message()));
     Push(std::move(e));
@@ -42,9 +49,10 @@ void Feeds::OpenFeed(Feed& feed, std::shared_ptr<grpc::Channel> channel, const s
   feed.stream = OpenPipe(channel, EncodePipeMessage(open), std::move(callbacks), window_);
 }
 
-void Feeds::OnMessage(const std::string& what, absl::StatusOr<PipeMessage> m) {
+void Feeds::OnMessage(int replica, const std::string& what, absl::StatusOr<PipeMessage> m) {
   FeedEvent e;
   e.kind = FeedEvent::kError;
+  e.replica = replica;
   if (!m.ok()) {
     e.error = absl::StrCat(what, ": ", m.status().message());
   } else {
@@ -94,53 +102,38 @@ void Feeds::Wake() {
 }
 
 void Feeds::Close() {
-  for (Feed* f : {&input_, &target_}) {
-    if (!f->stream) continue;
-    f->stream->CloseAndWait();  // after it, no event from this feed
-    f->stream.reset();
+  for (Pair& pair : feeds_) {
+    for (Feed* f : {&pair.input, &pair.target}) {
+      if (!f->stream) continue;
+      f->stream->CloseAndWait();  // after it, no event from this feed
+      f->stream.reset();
+    }
   }
 }
 
-absl::Status Feeds::Send(const Examples& data, const std::vector<int64_t>& order, int64_t begin,
-                         int64_t count, uint64_t id, v1::Phase phase) {
-  if (!input_.stream || !target_.stream) return absl::UnavailableError("the feeds are closed");
-  const int64_t in_size = data.InputSize(), target_size = data.TargetSize();
-  const bool tokens = data.token_input();
-  // The feed sends these buffers as they are (common/pipe_wire.h): each
-  // message's payload slice keeps its buffer until gRPC has written it.
-  auto x = std::make_shared<std::vector<float>>(tokens ? 0 : count * in_size);
-  auto t = std::make_shared<std::vector<int64_t>>(tokens ? count * in_size : 0);
-  auto y = std::make_shared<std::vector<int64_t>>(count * target_size);
-  for (int64_t j = 0; j < count; ++j) {
-    const int64_t src = order.empty() ? begin + j : order[begin + j];
-    if (tokens) {
-      std::copy_n(data.tokens.data() + src * in_size, in_size, t->data() + j * in_size);
-    } else {
-      std::copy_n(data.inputs.data() + src * in_size, in_size, x->data() + j * in_size);
-    }
-    std::copy_n(data.targets.data() + src * target_size, target_size, y->data() + j * target_size);
+namespace {
+std::atomic<uint64_t> sent_bytes{0};
+}  // namespace
+
+uint64_t Feeds::TotalSentBytes() { return sent_bytes.load(); }
+
+absl::Status Feeds::Send(int replica, const v1::DataSlice& slice, uint64_t id, v1::Phase phase) {
+  if (replica < 0 || replica >= static_cast<int>(feeds_.size()) || !feeds_[replica].input.stream ||
+      !feeds_[replica].target.stream) {
+    return absl::UnavailableError("the feeds are closed");
   }
-  v1::StageMessage targets;
-  targets.set_microbatch(id);
-  targets.set_phase(phase);
-  targets.mutable_targets()->set_dtype(v1::INT64);
-  targets.mutable_targets()->add_shape(count);
-  for (int64_t d : data.target_shape) targets.mutable_targets()->add_shape(d);
-  v1::StageMessage input;
-  input.set_microbatch(id);
-  input.set_phase(phase);
-  input.mutable_activation()->set_dtype(tokens ? v1::INT64 : v1::FLOAT32);
-  input.mutable_activation()->add_shape(count);
-  for (int64_t d : data.input_shape) input.mutable_activation()->add_shape(d);
-  WirePayload in_payload = tokens ? WirePayload{t->data(), t->size() * sizeof(int64_t), t}
-                                  : WirePayload{x->data(), x->size() * sizeof(float), x};
+  Pair& pair = feeds_[replica];
+  v1::StageMessage m;
+  m.set_microbatch(id);
+  m.set_phase(phase);
+  *m.mutable_data() = slice;
   // Targets first, so the last stage has them when the activation arrives.
-  if (!target_.stream->Send(
-          EncodePipeMessage(targets, {y->data(), y->size() * sizeof(int64_t), y}))) {
-    return absl::UnavailableError(absl::StrCat("lost the ", target_.what));
-  }
-  if (!input_.stream->Send(EncodePipeMessage(input, std::move(in_payload)))) {
-    return absl::UnavailableError(absl::StrCat("lost the ", input_.what));
+  for (Feed* feed : {&pair.target, &pair.input}) {
+    grpc::ByteBuffer encoded = EncodePipeMessage(m);
+    sent_bytes += encoded.Length();
+    if (!feed->stream->Send(std::move(encoded))) {
+      return absl::UnavailableError(absl::StrCat("lost the ", feed->what));
+    }
   }
   return absl::OkStatus();
 }

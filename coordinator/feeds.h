@@ -19,7 +19,6 @@
 
 #include "absl/status/status.h"
 #include "common/pipe_stream.h"
-#include "pipeline/core/data.h"
 #include "pipemare/v1/pipemare.pb.h"
 
 namespace pipemare {
@@ -28,6 +27,7 @@ namespace pipemare {
 struct FeedEvent {
   enum Kind { kDone, kResult, kError } kind = kError;
   uint64_t microbatch = 0;
+  int replica = 0;  // the pipeline it came from (schedule.replicas)
   v1::Phase phase = v1::TRAIN;
   v1::MicrobatchResult result;
   bool skipped = false;  // a result of a microbatch dropped for a NaN or Inf
@@ -47,17 +47,24 @@ class Feeds {
   Feeds(const Feeds&) = delete;
   Feeds& operator=(const Feeds&) = delete;
 
-  // Opens the target feed to the last stage, then the input feed to stage 0
-  // (the stages must be loaded). `first_label`, `last_label` name the stages
-  // in errors: "stage 0 (worker w-1 at host:port)".
-  void Open(std::shared_ptr<grpc::Channel> first, std::string first_label,
-            std::shared_ptr<grpc::Channel> last, std::string last_label);
-  // Sends examples [begin, begin + count) of `data` (by `order` when not
-  // empty) as microbatch `id`: targets first, so the last stage has them
-  // when the activation arrives. Blocks while a feed's window is full.
+  // The two ends of one pipeline (replica): stage 0 and the last stage, and
+  // their labels for errors ("stage 0 (worker w-1 at host:port)").
+  struct Ends {
+    std::shared_ptr<grpc::Channel> first, last;
+    std::string first_label, last_label;
+  };
+  // Opens each replica's target feed to its last stage, then its input
+  // feed to its stage 0 (the stages must be loaded).
+  void Open(const std::vector<Ends>& replicas);
+  // Sends `slice` as microbatch `id` to both feeds: stage 0 reads its
+  // inputs, the last stage its targets, each from its own copy of the data
+  // (StageAssignment.data); targets first, so the last stage has them when
+  // the activation arrives. Blocks while a feed's window is full.
   // UNAVAILABLE once a feed is lost.
-  absl::Status Send(const Examples& data, const std::vector<int64_t>& order, int64_t begin,
-                    int64_t count, uint64_t id, v1::Phase phase);
+  absl::Status Send(int replica, const v1::DataSlice& slice, uint64_t id, v1::Phase phase);
+  // Bytes every Feeds of this process has sent (the coordinator's data path,
+  // pipemare_coordinator_sent_bytes_total).
+  static uint64_t TotalSentBytes();
   // The next event, waiting up to `wait`; nothing if none came (or Wake).
   std::optional<FeedEvent> Next(std::chrono::milliseconds wait);
   // Ends a Next that waits.
@@ -70,16 +77,19 @@ class Feeds {
     std::shared_ptr<PipeStream> stream;
     std::string what;  // "input feed to stage 0 (worker ...)"
   };
-  void OpenFeed(Feed& feed, std::shared_ptr<grpc::Channel> channel, const std::string& label,
-                v1::StreamOpen::Role role);
+  void OpenFeed(Feed& feed, int replica, std::shared_ptr<grpc::Channel> channel,
+                const std::string& label, v1::StreamOpen::Role role);
   // A feed's reaction to what a stage sent (never blocks).
-  void OnMessage(const std::string& what, absl::StatusOr<PipeMessage> m);
+  void OnMessage(int replica, const std::string& what, absl::StatusOr<PipeMessage> m);
   void Push(FeedEvent e);
 
   const std::string job_id_;
   const int64_t generation_;
   const size_t window_;
-  Feed input_, target_;
+  struct Pair {
+    Feed input, target;
+  };
+  std::vector<Pair> feeds_;  // one per replica
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<FeedEvent> events_;  // under mu_

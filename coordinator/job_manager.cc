@@ -17,6 +17,7 @@
 #include "pipeline/core/data.h"
 #include "pipeline/core/file_access.h"
 #include "pipeline/core/job_spec.h"
+#include "pipeline/core/schedule.h"
 #include "pipeline/core/settings.h"
 #include "pipeline/model/model_plan.h"
 
@@ -439,7 +440,8 @@ void JobManager::SchedulerLoop() {
     for (const std::string& id : store_->Pending()) {
       auto job = store_->Get(id);
       if (!job.ok()) continue;
-      const int need = job->spec().schedule().stages();
+      // Every replica is a whole pipeline.
+      const int need = job->spec().schedule().stages() * Replicas(job->spec().schedule());
       auto workers = registry_->Acquire(need, id);
       if (!workers) {
         const std::string reason = absl::StrCat("waiting for ", need, " idle workers (",
@@ -599,15 +601,19 @@ absl::StatusOr<WorkerRegistry::Clock::time_point> JobManager::Recover(
   const int P = static_cast<int>(workers->size());
   v1::Restart restart;
   restart.set_cause(std::string(failure.message()));
-  restart.set_stage(lost.empty() ? -1 : *lost.begin());
+  // Worker k runs stage k mod stages of replica k / stages.
+  const int stages_per_replica = std::max(1, job->spec().schedule().stages());
+  restart.set_stage(lost.empty() ? -1 : *lost.begin() % stages_per_replica);
   if (!lost.empty()) restart.set_worker_id((*workers)[*lost.begin()].id());
   restart.set_failed_at_step(job->progress().step());
   restart.set_from_step(job->checkpoint().step());
   restart.set_detected_unix_ms(NowUnixMs());
   std::string lost_names;
-  for (int i : lost) {
-    absl::StrAppend(&lost_names, lost_names.empty() ? "" : ", ", "stage ", i, " (worker ",
-                    (*workers)[i].id(), ")");
+  for (int k : lost) {
+    const int replica = k / stages_per_replica;
+    absl::StrAppend(&lost_names, lost_names.empty() ? "" : ", ", "stage ", k % stages_per_replica,
+                    replica > 0 ? absl::StrCat(" of replica ", replica) : std::string(),
+                    " (worker ", (*workers)[k].id(), ")");
   }
   const std::string what = lost.empty() ? "the pipeline failed" : absl::StrCat("lost ", lost_names);
   if (auto st = store_->UpdateState(
@@ -642,6 +648,26 @@ absl::StatusOr<WorkerRegistry::Clock::time_point> JobManager::Recover(
   if (replacements) {
     size_t next = 0;
     for (int i : lost) (*workers)[i] = (*replacements)[next++];
+  } else if (policy.shrink() && Replicas(spec.schedule()) > 1) {
+    // Replicas: drop each pipeline that lost a worker; the others go on
+    // (the effective batch shrinks with them).
+    const int stages = spec.schedule().stages(), R = Replicas(spec.schedule());
+    std::set<int> dropped;
+    for (int k : lost) dropped.insert(k / stages);
+    if (lost.empty() || static_cast<int>(dropped.size()) >= R) {
+      return absl::UnavailableError(absl::StrCat(
+          what, " and no idle worker replaced it within recovery.wait_seconds (",
+          policy.wait_seconds(), " s), and no whole replica is left: ", failure.message()));
+    }
+    std::vector<v1::WorkerInfo> survivors;
+    for (int k = 0; k < P; ++k) {
+      if (!dropped.count(k / stages)) survivors.push_back((*workers)[k]);
+    }
+    *workers = std::move(survivors);
+    spec.mutable_schedule()->set_replicas(R - static_cast<int>(dropped.size()));
+    LogWarning(ForJob(id),
+               absl::StrCat("no idle worker within recovery.wait_seconds (", policy.wait_seconds(),
+                            " s); shrinking from ", R, " to ", R - dropped.size(), " replicas"));
   } else if (policy.shrink() && !kept.empty()) {
     // Re-partition onto the workers the job still has; T1 follows the new P.
     *workers = kept;

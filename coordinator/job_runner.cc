@@ -43,7 +43,9 @@ class JobRunner::Impl {
       : r_(r),
         spec_(r.spec_),
         P_(spec_.schedule().stages()),
-        stages_(GrpcStageClients(r.job_id_, r.workers_)) {}
+        R_(Replicas(spec_.schedule())),
+        NR_(static_cast<int64_t>(spec_.schedule().microbatches_per_step()) * R_),
+        stages_(GrpcStageClients(r.job_id_, r.workers_, P_)) {}
   ~Impl() {
     if (committer_) committer_->Stop();
     if (feeds_) feeds_->Close();
@@ -73,6 +75,9 @@ class JobRunner::Impl {
  private:
   // Loads every stage, last first (each opens its stream to the next).
   absl::Status LoadStages(std::vector<v1::StageAssignment> assignments);
+  // Loads stage i of replica r; replica 0's stages give `collective[i]`,
+  // the others take it.
+  absl::Status LoadStage(int r, int i, v1::StageAssignment a, std::vector<std::string>& collective);
   void ReleaseStages();
   // Processes feed events until `done()` holds. Fails on cancel, a stage
   // error, a lost worker, or a stall.
@@ -86,11 +91,16 @@ class JobRunner::Impl {
   const JobRunner& r_;
   const v1::JobSpec& spec_;
   const int P_;
+  // schedule.replicas: R pipelines, stage i of replica r on worker r·P + i;
+  // a step is N microbatches on each, NR_ = N·R backwards done.
+  const int R_;
+  const int64_t NR_;
   const std::unique_ptr<StageClients> stages_;
   std::unique_ptr<Feeds> feeds_;  // opened by LoadRun
 
   // Runner-thread state.
-  Data data_;        // the job's examples (PlanRun)
+  // The job's splits: stage 0 and the last stage read the examples.
+  int64_t train_count_ = 0, test_count_ = 0;
   bool lm_ = false;  // a language model: perplexity and token accuracy
   int64_t warmup_steps_ = 0;
   uint64_t next_id_ = 1;  // the next microbatch id fed
@@ -124,30 +134,52 @@ absl::Status JobRunner::Run() {
 }
 
 absl::Status JobRunner::Impl::LoadStages(std::vector<v1::StageAssignment> assignments) {
-  // Last stage first: each stage opens its stream to the next on load.
-  for (int i = P_ - 1; i >= 0; --i) {
-    v1::StageAssignment& a = assignments[i];
-    if (i + 1 < P_) a.set_downstream_address(stages_->Address(i + 1));
-    v1::LoadStageResponse resp;
-    grpc::Status st = stages_->Load(i, a, &resp);
-    if (st.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-      // The stage refuses the assignment itself (the spec, or a checkpoint
-      // that does not fit the model): any worker would, so recovery, which
-      // retries on other workers, cannot help.
-      return absl::InvalidArgumentError(
-          absl::StrCat("loading ", StageLabel(i), " failed: ", st.error_message()));
+  // Replica 0 first: its stages serve the rendezvous of each stage's
+  // all-reduce group, whose addresses the other replicas' assignments carry.
+  std::vector<std::string> collective(P_);
+  for (int r = 0; r < R_; ++r) {
+    // Last stage first: each stage opens its stream to the next on load.
+    for (int i = P_ - 1; i >= 0; --i) {
+      if (auto st = LoadStage(r, i, assignments[i], collective); !st.ok()) return st;
     }
-    if (!st.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("loading ", StageLabel(i), " failed: ", st.error_message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Impl::LoadStage(int r, int i, v1::StageAssignment a,
+                                        std::vector<std::string>& collective) {
+  const int k = r * P_ + i;
+  if (i + 1 < P_) a.set_downstream_address(stages_->Address(k + 1));
+  a.set_replica(r);
+  a.set_replicas(R_);
+  if (r > 0) a.set_collective_address(collective[i]);
+  v1::LoadStageResponse resp;
+  grpc::Status st = stages_->Load(k, a, &resp);
+  if (st.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    // The stage refuses the assignment itself (the spec, or a checkpoint
+    // that does not fit the model): any worker would, so recovery, which
+    // retries on other workers, cannot help.
+    return absl::InvalidArgumentError(
+        absl::StrCat("loading ", StageLabel(k), " failed: ", st.error_message()));
+  }
+  if (!st.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("loading ", StageLabel(k), " failed: ", st.error_message()));
+  }
+  r_.registry_->SetStage(r_.workers_[k].id(), i);
+  if (resp.restored_from_memory()) ++r_.context_->restored_from_memory;
+  if (r == 0 && R_ > 1) {
+    if (resp.collective_address().empty()) {
+      return absl::InternalError(
+          absl::StrCat(StageLabel(k), " gave no address for its replicas' all-reduce"));
     }
-    r_.registry_->SetStage(r_.workers_[i].id(), i);
-    if (resp.restored_from_memory()) ++r_.context_->restored_from_memory;
-    if (auto recorded = r_.store_->SetStageLoaded(
-            r_.job_id_, i, resp.parameters(), resp.restored_from_memory(), resp.analytic_delay());
-        !recorded.ok()) {
-      LogWarning(ForJob(r_.job_id_), std::string(recorded.message()));
-    }
+    collective[i] = resp.collective_address();
+  }
+  if (r > 0) return absl::OkStatus();  // the job's status shows replica 0's stages
+  if (auto recorded = r_.store_->SetStageLoaded(r_.job_id_, i, resp.parameters(),
+                                                resp.restored_from_memory(), resp.analytic_delay());
+      !recorded.ok()) {
+    LogWarning(ForJob(r_.job_id_), std::string(recorded.message()));
   }
   return absl::OkStatus();
 }
@@ -155,7 +187,7 @@ absl::Status JobRunner::Impl::LoadStages(std::vector<v1::StageAssignment> assign
 void JobRunner::Impl::ReleaseStages() {
   // In parallel would be faster; stages release in milliseconds, and a dead
   // worker costs one short deadline.
-  for (int i = 0; i < P_; ++i) {
+  for (int i = 0; i < stages_->workers(); ++i) {
     grpc::Status st = stages_->Release(i);
     if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
         st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
@@ -174,9 +206,8 @@ void JobRunner::Impl::Handle(const FeedEvent& e) {
   if (e.kind == FeedEvent::kDone) {
     --in_flight_;
     ++train_done_;
-    steps_done_.store(train_done_ / spec_.schedule().microbatches_per_step());
-    if (r_.context_->recovering_since != Clock::time_point() &&
-        train_done_ % spec_.schedule().microbatches_per_step() == 0) {
+    steps_done_.store(train_done_ / NR_);
+    if (r_.context_->recovering_since != Clock::time_point() && train_done_ % NR_ == 0) {
       // The first step trained after a recovery ends its timeline.
       const double seconds =
           std::chrono::duration<double>(Clock::now() - r_.context_->recovering_since).count();
@@ -210,7 +241,7 @@ absl::Status JobRunner::Impl::WaitUntil(const std::function<bool()>& done) {
       Publish(false);
       continue;
     }
-    for (int i = 0; i < P_; ++i) {
+    for (int i = 0; i < stages_->workers(); ++i) {
       if (r_.registry_->IsLost(r_.workers_[i].id())) {
         r_.context_->lost_stages.push_back(i);
         return absl::UnavailableError(
@@ -234,8 +265,7 @@ void JobRunner::Impl::Publish(bool force) {
   }
   last_publish_ = now;
   const double train_loss = results_.TakeWindowLoss();
-  const int N = spec_.schedule().microbatches_per_step();
-  const int64_t steps = train_done_ / N;
+  const int64_t steps = train_done_ / NR_;
   const double training =
       train_seconds_ + (epoch_train_start_.time_since_epoch().count() != 0
                             ? std::chrono::duration<double>(now - epoch_train_start_).count()
@@ -329,14 +359,17 @@ absl::StatusOr<std::vector<v1::StageAssignment>> JobRunner::Impl::PlanRun() {
                                            spec_.train().seed(), *r_.cancel_, r_.job_id_);
                   });
   if (!run.ok()) return run.status();
-  data_ = std::move(run->data);
+  train_count_ = run->data.train.count;
+  test_count_ = run->data.test.count;
   lm_ = run->lm;
   steps_per_epoch_ = run->steps_per_epoch;
   total_steps_ = run->total_steps;
   warmup_steps_ = run->warmup_steps;
   LogInfo(ForJob(r_.job_id_),
-          absl::StrCat("data: ", data_.info.description,
-                       data_.normalisation.empty() ? "" : "; normalised ", data_.normalisation));
+          absl::StrCat("data: ", run->data.info.description,
+                       run->data.normalisation.empty() ? "" : "; normalised ",
+                       run->data.normalisation, "; stage 0 and the last stage read it"));
+  run->data = Data();  // the coordinator carries no examples
   std::string summary;
   std::vector<v1::StageStatus> stages(P_);
   for (int i = 0; i < P_; ++i) {
@@ -392,7 +425,7 @@ absl::Status JobRunner::Impl::ApplyResume(std::vector<v1::StageAssignment>& assi
                                                       " is not inside this job's ", total_steps_,
                                                       " steps"));
   }
-  train_done_ = resume->step * spec_.schedule().microbatches_per_step();
+  train_done_ = resume->step * NR_;
   steps_done_ = resume->step;
   LogInfo(ForJob(r_.job_id_),
           absl::StrCat("resuming from the checkpoint at step ", resume->step, " (microbatch ",
@@ -421,7 +454,13 @@ absl::Status JobRunner::Impl::LoadRun(std::vector<v1::StageAssignment> assignmen
   feeds_ = std::make_unique<Feeds>(
       r_.job_id_, r_.context_->generation,
       static_cast<size_t>(std::max(P_, 2 * spec_.schedule().microbatches_per_step())) + 2);
-  feeds_->Open(stages_->Channel(0), StageLabel(0), stages_->Channel(P_ - 1), StageLabel(P_ - 1));
+  std::vector<Feeds::Ends> ends;
+  for (int r = 0; r < R_; ++r) {
+    const int first = r * P_, last = r * P_ + P_ - 1;
+    ends.push_back(
+        {stages_->Channel(first), stages_->Channel(last), StageLabel(first), StageLabel(last)});
+  }
+  feeds_->Open(ends);
   return absl::OkStatus();
 }
 
@@ -430,7 +469,6 @@ absl::Status JobRunner::Impl::TrainEpoch(int64_t first_j) {
   const int N = sched.microbatches_per_step();
   const int64_t mbs = sched.microbatch_size();
   const bool gpipe = !IsAsynchronous(ScheduleKindOf(sched));
-  const std::vector<int64_t> order = EpochOrder(data_.train.count, spec_.train(), epoch_);
   results_.StartEpoch();
   epoch_train_start_ = Clock::now();
   epoch_start_ = epoch_train_start_;
@@ -446,21 +484,30 @@ absl::Status JobRunner::Impl::TrainEpoch(int64_t first_j) {
     if (!drain_ && r_.context_->drain != nullptr && r_.context_->drain->requested()) {
       drain_.emplace(*r_.context_->drain, *stages_, *committer_, r_.options_.drain_timeout_seconds,
                      r_.job_id_);
-      if (!drain_->Start(train_done_ + in_flight_, N)) {
+      if (!drain_->Start(train_done_ + in_flight_, NR_)) {
         st = drain_->Finish(*r_.cancel_, &r_.context_->lost_stages);
         Publish(true);
         break;
       }
     }
-    if (drain_ && drain_->Due(train_done_, N)) {
+    if (drain_ && drain_->Due(train_done_, NR_)) {
       st = drain_->Finish(*r_.cancel_, &r_.context_->lost_stages);
       Publish(true);
       break;
     }
-    const int64_t window = InFlightWindow(sync, P_, N);
+    // Each replica keeps the window; microbatch j of step s on replica r
+    // takes positions ((s·R + r)·N + j mod N)·mbs.. of the epoch's order.
+    const int64_t window = InFlightWindow(sync, P_, N) * R_;
     st = WaitUntil([&] { return in_flight_ < window; });
-    if (st.ok()) st = feeds_->Send(data_.train, order, j * mbs, mbs, next_id_++, v1::TRAIN);
-    if (st.ok()) ++in_flight_;
+    const uint64_t id = next_id_++;
+    for (int r = 0; r < R_ && st.ok(); ++r) {
+      v1::DataSlice slice;
+      slice.set_epoch(epoch_);
+      slice.set_begin((((j / N) * R_ + r) * N + j % N) * mbs);
+      slice.set_count(mbs);
+      st = feeds_->Send(r, slice, id, v1::TRAIN);
+      if (st.ok()) ++in_flight_;
+    }
   }
   if (st.ok()) st = WaitUntil([&] { return in_flight_ == 0; });
   train_seconds_ += std::chrono::duration<double>(Clock::now() - epoch_train_start_).count();
@@ -470,15 +517,16 @@ absl::Status JobRunner::Impl::TrainEpoch(int64_t first_j) {
 
 absl::Status JobRunner::Impl::EvaluateEpoch() {
   // The whole test split with the epoch's final weights.
-  const Examples& test = data_.test;
   const int64_t eval_mbs = EvalMicrobatchSize(spec_.schedule().microbatch_size());
   results_.StartEvaluation();
   absl::Status st;
-  for (int64_t b = 0; b < test.count && st.ok(); b += eval_mbs) {
+  for (int64_t b = 0; b < test_count_ && st.ok(); b += eval_mbs) {
     st = WaitUntil([&] { return eval_pending_ < P_ + 1; });
-    if (st.ok()) {
-      st = feeds_->Send(test, {}, b, std::min(eval_mbs, test.count - b), next_id_++, v1::EVAL);
-    }
+    v1::DataSlice slice;
+    slice.set_begin(b);
+    slice.set_count(std::min(eval_mbs, test_count_ - b));
+    // Replicas hold the same weights: replica 0 scores the test split.
+    if (st.ok()) st = feeds_->Send(0, slice, next_id_++, v1::EVAL);
     if (st.ok()) ++eval_pending_;
   }
   if (st.ok()) st = WaitUntil([&] { return eval_pending_ == 0; });

@@ -507,6 +507,9 @@ absl::Status JobStore::UpdateStageLive(const std::string& id, int stage,
     *st->mutable_peak_memory() = live.peak_memory();
     st->set_async_from_step(live.async_from_step());
     st->set_nonfinite_skipped(live.nonfinite_skipped());
+    st->set_allreduces(live.allreduces());
+    st->set_allreduce_seconds(live.allreduce_seconds());
+    st->set_allreduce_bytes(live.allreduce_bytes());
   });
   return done.ok() ? in_range : done;
 }

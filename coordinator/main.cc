@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
         "--insecure: plaintext gRPC, and anyone who reaches this port may submit jobs and "
         "register workers");
   }
-  if (auto st = pipemare::SetDataRoots(data_roots, "--data-root"); !st.ok()) {
+  if (auto st = pipemare::SetDataRoots(data_roots, "--data-root", "the coordinator's"); !st.ok()) {
     pipemare::LogError(absl::StrCat("error: ", st.message()));
     return 2;
   }

@@ -112,6 +112,15 @@ absl::StatusOr<RunPlan> MakeRunPlan(const v1::JobSpec& spec, const std::string& 
     a.set_token_input(plan->units[a.first_unit()].in.tokens);
     a.set_torchscript(plan->torchscript);
   }
+  // Stage 0 and the last stage read the examples themselves, from the same
+  // files: the manifest is what they check their copies against.
+  auto manifest = ManifestOfData(spec.data());
+  if (!manifest.ok()) return absl::InvalidArgumentError(manifest.status().message());
+  for (v1::StageAssignment* a : {&assignments->front(), &assignments->back()}) {
+    *a->mutable_data() = spec.data();
+    *a->mutable_train() = spec.train();
+    a->mutable_data_files()->Assign(manifest->begin(), manifest->end());
+  }
   run.warmup_steps = assignments->front().warmup_steps();
   // The schedule as data: refuse a plan that cannot run before any stage loads.
   PlanOptions options{ScheduleKindOf(sched), P, N, run.steps_per_epoch, 0, run.warmup_steps};

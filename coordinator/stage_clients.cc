@@ -11,18 +11,21 @@ namespace {
 
 class GrpcStages : public StageClients {
  public:
-  GrpcStages(std::string job_id, std::vector<v1::WorkerInfo> workers)
-      : job_id_(std::move(job_id)), workers_(std::move(workers)) {
+  GrpcStages(std::string job_id, std::vector<v1::WorkerInfo> workers, int stages)
+      : job_id_(std::move(job_id)), workers_(std::move(workers)), stages_(stages) {
     for (const auto& w : workers_) {
       channels_.push_back(MakeChannel(w.address()));
       stubs_.push_back(v1::StageWorker::NewStub(channels_.back()));
     }
   }
 
-  int stages() const override { return static_cast<int>(workers_.size()); }
+  int stages() const override { return stages_; }
+  int workers() const override { return static_cast<int>(workers_.size()); }
   std::string Label(int i) const override {
-    return absl::StrCat("stage ", i, " (worker ", workers_[i].id(), " at ", workers_[i].address(),
-                        ")");
+    const int replica = i / stages_;
+    return absl::StrCat("stage ", i % stages_,
+                        replica > 0 ? absl::StrCat(" of replica ", replica) : std::string(),
+                        " (worker ", workers_[i].id(), " at ", workers_[i].address(), ")");
   }
   std::string Address(int i) const override { return workers_[i].address(); }
 
@@ -61,6 +64,7 @@ class GrpcStages : public StageClients {
  private:
   const std::string job_id_;
   const std::vector<v1::WorkerInfo> workers_;
+  const int stages_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::StageWorker::Stub>> stubs_;
 };
@@ -68,8 +72,8 @@ class GrpcStages : public StageClients {
 }  // namespace
 
 std::unique_ptr<StageClients> GrpcStageClients(std::string job_id,
-                                               std::vector<v1::WorkerInfo> workers) {
-  return std::make_unique<GrpcStages>(std::move(job_id), std::move(workers));
+                                               std::vector<v1::WorkerInfo> workers, int stages) {
+  return std::make_unique<GrpcStages>(std::move(job_id), std::move(workers), stages);
 }
 
 absl::StatusOr<std::vector<std::vector<double>>> ProfileOnStages(

@@ -21,8 +21,13 @@ namespace pipemare {
 class StageClients {
  public:
   virtual ~StageClients() = default;
+  // Stages of one pipeline: replica 0's are 0..stages()-1; with
+  // schedule.replicas, stage i of replica r is index r * stages() + i.
   virtual int stages() const = 0;
-  // "stage 2 (worker w-3 at host:port)", for messages.
+  // Every stage of every replica.
+  virtual int workers() const = 0;
+  // "stage 2 (worker w-3 at host:port)", "stage 2 of replica 1 (...)", for
+  // messages.
   virtual std::string Label(int stage) const = 0;
   // The address its upstream stage streams to.
   virtual std::string Address(int stage) const = 0;
@@ -42,10 +47,11 @@ class StageClients {
   virtual std::shared_ptr<grpc::Channel> Channel(int stage) = 0;
 };
 
-// The stages of job `job_id` on `workers` (stage i on workers[i]), over gRPC
-// (common/rpc.h's channels: the cluster's TLS and token).
+// The stages of job `job_id` on `workers` (stage i of replica r on
+// workers[r * stages + i]), over gRPC (common/rpc.h's channels: the
+// cluster's TLS and token).
 std::unique_ptr<StageClients> GrpcStageClients(std::string job_id,
-                                               std::vector<v1::WorkerInfo> workers);
+                                               std::vector<v1::WorkerInfo> workers, int stages);
 
 // Every unit's forward + backward seconds timed on each stage's worker, one
 // worker at a time (workers that share a host would time each other):

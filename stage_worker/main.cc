@@ -20,6 +20,7 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/signals.h"
+#include "pipeline/core/file_access.h"
 #include "stage_worker/stage_metrics.h"
 #include "stage_worker/worker_service.h"
 
@@ -120,6 +121,13 @@ int main(int argc, char** argv) {
                  "probes: '' live, pipemare.v1.StageWorker ready = registered with the "
                  "coordinator; port 0 = any; empty = off)")
       ->envname("PIPEMARE_HEALTH_LISTEN");
+  std::vector<std::string> data_roots;
+  app.add_option("--data-root", data_roots,
+                 "a directory this worker may read a job's examples from, as stage 0 or the last "
+                 "stage (repeat, or separate with commas; symlinks are followed before the "
+                 "check). Unset: any file this host can read (trusted coordinators only)")
+      ->delimiter(',')
+      ->envname("PIPEMARE_DATA_ROOT");
   pipemare::SecurityFlags security_flags;
   pipemare::AddSecurityFlags(app, &security_flags, /*client=*/false);
   CLI11_PARSE(app, argc, argv);
@@ -138,6 +146,10 @@ int main(int argc, char** argv) {
   auto security = pipemare::LoadRpcSecurity(security_flags, pipemare::kWorkerName);
   if (!security.ok()) {
     pipemare::LogError(absl::StrCat("error: ", security.status().message()));
+    return 2;
+  }
+  if (auto st = pipemare::SetDataRoots(data_roots, "--data-root", "this worker's"); !st.ok()) {
+    pipemare::LogError(absl::StrCat("error: ", st.message()));
     return 2;
   }
   const bool insecure = security->insecure;

@@ -59,6 +59,37 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
                          ") from the checkpoint at step ", a.start_step(), " (", from_memory,
                          " of ", units->size(), " from memory)"));
   }
+  {
+    const auto start = std::chrono::steady_clock::now();
+    auto data = StageData::Load(a);
+    if (!data.ok()) {
+      return absl::Status(data.status().code(), absl::StrCat("data on this worker (", self_address,
+                                                             "): ", data.status().message()));
+    }
+    host->data_ = *std::move(data);
+    if (host->data_) {
+      const bool first = a.stage() == 0, last = a.stage() + 1 == a.num_stages();
+      const char* what = first && last ? "inputs and targets" : first ? "inputs" : "targets";
+      LogInfo(ForStage(a.job_id(), a.stage()),
+              absl::StrCat("reads its own ", what, ": ", a.data_files_size(),
+                           " files match the coordinator's manifest; ", host->data_->bytes() >> 20,
+                           " MiB loaded in ", SecondsSince(start), " s"));
+    }
+  }
+  auto replicas = ReplicaGroup::Create(a, self_address);
+  if (!replicas.ok()) return replicas.status();
+  host->replicas_ = *std::move(replicas);
+  if (host->replicas_) {
+    ReplicaGroup* group = host->replicas_.get();
+    StageMetrics* m = host->metrics_.get();
+    host->runtime_->SetGradientReducer([group, m](const std::vector<torch::Tensor>& grads) {
+      const double seconds = group->seconds();
+      const int64_t bytes = group->bytes();
+      group->Average(grads);
+      m->allreduce_seconds->Observe(group->seconds() - seconds);
+      m->allreduce_bytes->Increment(static_cast<double>(group->bytes() - bytes));
+    });
+  }
   StageMachine::Options options;
   StageHost* h = host.get();
   options.source_name = [h](int side) { return h->links_->SideName(static_cast<Side>(side)); };
@@ -124,11 +155,13 @@ bool StageHost::OnMessage(Side side, absl::StatusOr<PipeMessage> message) {
     auto input = ToInput(side, *message);
     absl::Status st = input.status();
     if (st.ok()) {
+      // A data slice counts as what came: its message.
+      const v1::Tensor* payload = PayloadTensor(message->message);
       const double bytes =
-          input->kind == StageMachine::Kind::kTargets
+          payload == nullptr ? static_cast<double>(message->message.ByteSizeLong())
+          : input->kind == StageMachine::Kind::kTargets
               ? static_cast<double>(input->tensor.nbytes())
-              : static_cast<double>(message->data_size +
-                                    PayloadTensor(message->message)->data_plane_bytes());
+              : static_cast<double>(message->data_size + payload->data_plane_bytes());
       const StageMachine::Kind kind = input->kind;
       bool full = false;
       st = machine_->Offer(*std::move(input), &full);
@@ -157,9 +190,21 @@ absl::StatusOr<StageMachine::Input> StageHost::ToInput(Side side, const PipeMess
   in.microbatch = m.microbatch();
   in.source = static_cast<int>(side);
   const char* what = "activation";
+  if (m.has_data()) {
+    in.kind = side == Side::kTargets ? StageMachine::Kind::kTargets : in.kind;
+    in.phase = m.phase();
+    auto t = FromSlice(side, m);
+    if (!t.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data slice of microbatch ", in.microbatch, ": ", t.status().message()));
+    }
+    in.dtype = t->scalar_type() == torch::kInt64 ? v1::INT64 : v1::FLOAT32;
+    in.tensor = *std::move(t);
+    return in;
+  }
   if (side == Side::kTargets) {
     if (!m.has_targets())
-      return absl::InvalidArgumentError("the target feed may only carry targets");
+      return absl::InvalidArgumentError("the target feed may only carry targets or data slices");
     in.kind = StageMachine::Kind::kTargets;
     what = "targets";
   } else if (side == Side::kDownstream) {
@@ -187,6 +232,25 @@ absl::StatusOr<StageMachine::Input> StageHost::ToInput(Side side, const PipeMess
   in.tensor = *std::move(t);
   in.arriving = std::move(arriving);
   return in;
+}
+
+absl::StatusOr<torch::Tensor> StageHost::FromSlice(Side side, const v1::StageMessage& m) {
+  const bool targets = side == Side::kTargets;
+  if (side != Side::kTargets && !(side == Side::kUpstream && assignment_.stage() == 0)) {
+    return absl::InvalidArgumentError("only the coordinator's feeds carry data slices");
+  }
+  if (data_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "this stage was given no data to read (StageAssignment.data); its feed must carry "
+        "tensors");
+  }
+  auto batch = data_->Make(m.data(), m.phase(), targets);
+  if (!batch.ok()) return batch.status();
+  auto owned = std::make_shared<Batch>(*std::move(batch));
+  const bool floats = !owned->floats.empty();
+  void* ptr = floats ? static_cast<void*>(owned->floats.data()) : owned->ints.data();
+  return torch::from_blob(
+      ptr, owned->shape, [owned](void*) {}, floats ? torch::kFloat32 : torch::kInt64);
 }
 
 std::string StageHost::Labeled(absl::string_view message) const {
@@ -227,6 +291,17 @@ void StageHost::ComputeLoop() {
   if (auto st = links_->ConnectDataPlane(); !st.ok()) {
     if (!stopping_) Fail(Labeled(st.message()));
     return;
+  }
+  if (replicas_) {
+    const auto start = std::chrono::steady_clock::now();
+    if (auto st = replicas_->Connect(std::chrono::seconds(60)); !st.ok()) {
+      if (!stopping_) Fail(Labeled(st.message()));
+      return;
+    }
+    LogInfo(ForStage(assignment_.job_id(), assignment_.stage()),
+            absl::StrCat("replica ", assignment_.replica(), " of ", assignment_.replicas(),
+                         " joined the stage's all-reduce group (c10d ProcessGroupGloo) in ",
+                         SecondsSince(start), " s"));
   }
   const StageMachine::Emit emit = [this](const StageExecutor::Output& out, v1::Phase phase,
                                          bool skipped) { return Emit(out, phase, skipped); };
@@ -279,7 +354,8 @@ absl::Status StageHost::Emit(const StageExecutor::Output& out, v1::Phase phase, 
   switch (out.action.op) {
     case Action::Op::kUpdate:               // a step, or a cut asked for (CutAt)
       metrics_->Update(runtime_->Stats());  // observes the optimizer step
-      if (out.snapshot) cuts_->Queue(out.snapshot);
+      // Checkpoints are replica 0's: the replicas hold the same weights.
+      if (out.snapshot && assignment_.replica() == 0) cuts_->Queue(out.snapshot);
       return absl::OkStatus();
     case Action::Op::kWeight:  // zero_bubble's W: nothing to send
       metrics_->weight_seconds->Observe(out.seconds);
@@ -355,6 +431,11 @@ v1::StageStatusResponse StageHost::Status() const {
   to_proto(s.peak_memory, r.mutable_peak_memory());
   r.set_async_from_step(s.async_from_step);
   r.set_nonfinite_skipped(machine_->nonfinite_skipped());
+  if (replicas_) {
+    r.set_allreduces(replicas_->allreduces());
+    r.set_allreduce_seconds(replicas_->seconds());
+    r.set_allreduce_bytes(replicas_->bytes());
+  }
   cuts_->Report(&r);
   std::lock_guard<std::mutex> lock(error_mu_);
   r.set_error(error_);

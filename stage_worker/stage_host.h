@@ -37,6 +37,8 @@
 #include "pipeline/runtime/stage_runtime.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
 #include "stage_worker/cut_writer.h"
+#include "stage_worker/replica_group.h"
+#include "stage_worker/stage_data.h"
 #include "stage_worker/stage_links.h"
 #include "stage_worker/stage_metrics.h"
 
@@ -86,6 +88,11 @@ class StageHost {
   // Whether every restored unit came from memory.
   bool restored_from_memory() const { return restored_from_memory_; }
   int64_t generation() const { return assignment_.generation(); }
+  // Replica 0 with schedule.replicas > 1: where the other replicas of this
+  // stage meet for the all-reduce (LoadStageResponse.collective_address).
+  std::string collective_address() const {
+    return replicas_ && assignment_.replica() == 0 ? replicas_->Address() : std::string();
+  }
 
  private:
   using Side = StageLinks::Side;
@@ -101,6 +108,9 @@ class StageHost {
   // (StageLinks::ReceiveTensor). INVALID_ARGUMENT: a message `side` may not
   // send, or a bad tensor. A gRPC reaction: never blocks.
   absl::StatusOr<StageMachine::Input> ToInput(Side side, const PipeMessage& message);
+  // The tensor of a DataSlice that arrived on a feed: inputs on stage 0's
+  // input feed, targets on the last stage's target feed (StageData).
+  absl::StatusOr<torch::Tensor> FromSlice(Side side, const v1::StageMessage& m);
   // Compute thread, before `input` runs: waits for bytes still arriving
   // over the data plane (StageLinks::Wait); the machine then checks them
   // for NaN and Inf, as it did on arrival for bytes that came on the stream.
@@ -125,6 +135,12 @@ class StageHost {
   // policy, cuts. Set in Start.
   std::unique_ptr<StageMachine> machine_;
   std::unique_ptr<StageLinks> links_;  // set in Start
+  // Stage 0's and the last stage's own copy of the job's examples (null on
+  // the others, or when the feeds carry tensors). Set in Start.
+  std::unique_ptr<StageData> data_;
+  // schedule.replicas > 1: this stage's all-reduce group. Set in Start,
+  // joined by the compute thread.
+  std::unique_ptr<ReplicaGroup> replicas_;
   // Writes the cuts the machine takes, and keeps the newest in memory.
   std::unique_ptr<CutWriter> cuts_;
   bool restored_from_memory_ = false;

@@ -52,6 +52,16 @@ WorkerMetrics::WorkerMetrics(const std::string& device)
                           .Help("zero_bubble: duration of one weight gradient (W) of one "
                                 "microbatch")
                           .Register(*registry_)),
+      allreduce_seconds_(BuildHistogram()
+                             .Name("pipemare_stage_allreduce_seconds")
+                             .Help("schedule.replicas > 1: duration of one all-reduce of the "
+                                   "stage's gradients with its replicas (c10d Gloo)")
+                             .Register(*registry_)),
+      allreduce_bytes_(BuildCounter()
+                           .Name("pipemare_stage_allreduce_bytes_total")
+                           .Help("schedule.replicas > 1: gradient bytes this stage contributed "
+                                 "to its all-reduces")
+                           .Register(*registry_)),
       step_seconds_(BuildHistogram()
                         .Name("pipemare_stage_optimizer_step_seconds")
                         .Help("Duration of one optimizer step")
@@ -173,6 +183,8 @@ StageMetrics::StageMetrics(WorkerMetrics* owner, const Labels& l) : owner_(owner
   forward_eval_seconds = &w.forward_seconds_.Add(With(l, "phase", "eval"), DurationBuckets());
   backward_seconds = &w.backward_seconds_.Add(l, DurationBuckets());
   weight_seconds = &w.weight_seconds_.Add(l, DurationBuckets());
+  allreduce_seconds = &w.allreduce_seconds_.Add(l, DurationBuckets());
+  allreduce_bytes = &w.allreduce_bytes_.Add(l);
   optimizer_step_seconds = &w.step_seconds_.Add(l, DurationBuckets());
   busy_seconds = &w.busy_.Add(l);
   idle_seconds = &w.idle_.Add(l);
@@ -209,6 +221,8 @@ StageMetrics::~StageMetrics() {
   w.forward_seconds_.Remove(forward_eval_seconds);
   w.backward_seconds_.Remove(backward_seconds);
   w.weight_seconds_.Remove(weight_seconds);
+  w.allreduce_seconds_.Remove(allreduce_seconds);
+  w.allreduce_bytes_.Remove(allreduce_bytes);
   w.step_seconds_.Remove(optimizer_step_seconds);
   w.busy_.Remove(busy_seconds);
   w.idle_.Remove(idle_seconds);

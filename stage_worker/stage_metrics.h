@@ -33,6 +33,10 @@ class StageMetrics {
   prometheus::Histogram* forward_eval_seconds;
   prometheus::Histogram* backward_seconds;
   prometheus::Histogram* weight_seconds;  // zero_bubble's W
+  // schedule.replicas > 1: each gradient all-reduce, and the bytes it
+  // contributed.
+  prometheus::Histogram* allreduce_seconds;
+  prometheus::Counter* allreduce_bytes;
   prometheus::Histogram* optimizer_step_seconds;
   prometheus::Counter* busy_seconds;
   prometheus::Counter* idle_seconds;
@@ -98,6 +102,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Histogram>& forward_seconds_;
   prometheus::Family<prometheus::Histogram>& backward_seconds_;
   prometheus::Family<prometheus::Histogram>& weight_seconds_;
+  prometheus::Family<prometheus::Histogram>& allreduce_seconds_;
+  prometheus::Family<prometheus::Counter>& allreduce_bytes_;
   prometheus::Family<prometheus::Histogram>& step_seconds_;
   prometheus::Family<prometheus::Counter>& busy_;
   prometheus::Family<prometheus::Counter>& idle_;

@@ -75,6 +75,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
   response->set_parameters(stats.parameters);
   response->set_analytic_delay(stats.analytic_delay);
   response->set_restored_from_memory((*host)->restored_from_memory());
+  response->set_collective_address((*host)->collective_address());
   {
     absl::MutexLock lock(&mu_);
     host_ = *host;

@@ -124,19 +124,16 @@ void Cluster::StartCoordinator() {
   while (!metrics_address_.empty() && metrics_address_.back() == '\n') metrics_address_.pop_back();
 }
 
-void Cluster::AddWorker() {
+void Cluster::AddWorker(const std::vector<std::string>& flags, const std::string& cwd) {
   const int i = static_cast<int>(workers_.size());
-  std::vector<std::string> argv = {BinDir() + "/pipemare-worker",
-                                   "--coordinator",
-                                   address_,
-                                   "--listen",
-                                   "127.0.0.1:0",
-                                   "--threads",
-                                   "1",
-                                   "--coordinator-timeout",
-                                   "4",
-                                   "--metrics-listen",
-                                   "127.0.0.1:0"};
+  std::vector<std::string> argv;
+  if (!cwd.empty()) argv = {"/usr/bin/env", "-C", cwd};
+  for (const std::string& arg : std::vector<std::string>{
+           BinDir() + "/pipemare-worker", "--coordinator", address_, "--listen", "127.0.0.1:0",
+           "--threads", "1", "--coordinator-timeout", "4", "--metrics-listen", "127.0.0.1:0"}) {
+    argv.push_back(arg);
+  }
+  argv.insert(argv.end(), flags.begin(), flags.end());
   for (const std::string& flag : tls_ ? WorkerTlsFlags() : std::vector<std::string>{"--insecure"}) {
     argv.push_back(flag);
   }

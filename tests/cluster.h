@@ -45,7 +45,9 @@ class Cluster {
   void set_coordinator_wrapper(std::vector<std::string> wrapper) {
     coordinator_wrapper_ = std::move(wrapper);
   }
-  void AddWorker();
+  // `flags`: more pipemare-worker flags; `cwd`: its working directory
+  // (relative data paths resolve there), else the test's.
+  void AddWorker(const std::vector<std::string>& flags = {}, const std::string& cwd = "");
   Process& coordinator() { return *coordinator_; }
   Process& worker(int i) { return *workers_[i]; }
   int worker_count() const { return static_cast<int>(workers_.size()); }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/dev_pki.h"
 #include "common/rpc.h"
@@ -289,6 +290,66 @@ TEST(Security, AJobReadsAndWritesOnlyUnderTheDataRoots) {
   EXPECT_TRUE(cluster.coordinator().Running());
   v1::JobStatus end = cluster.WaitForEnd(job, 300);
   EXPECT_EQ(end.state(), v1::SUCCEEDED) << end.reason() << cluster.Logs();
+}
+
+TEST(Security, StagesReadTheirOwnDataOnlyUnderTheirRootsAndOnlyTheCoordinatorsCopy) {
+  // The coordinator reads a corpus at a path relative to its directory (the
+  // test's). Stage 0 and the last stage read the examples themselves: a
+  // worker started where that path is a copy with one byte changed, and a
+  // worker whose --data-root leaves the data out, each fail the job naming
+  // the file, the fault and the worker.
+  const std::string rel = absl::StrCat("stage-data-", getpid(), "/corpus.txt");
+  std::filesystem::create_directories(std::filesystem::path(rel).parent_path());
+  std::filesystem::copy_file("/usr/share/games/fortunes/cookie", rel,
+                             std::filesystem::copy_options::overwrite_existing);
+  const std::string elsewhere = MakeTempDir();
+  std::filesystem::create_directories(elsewhere + "/" +
+                                      std::filesystem::path(rel).parent_path().string());
+  std::filesystem::copy_file(rel, elsewhere + "/" + rel);
+  {
+    std::fstream f(elsewhere + "/" + rel, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('#');
+  }
+  const std::string spec =
+      "name: own-data\nmodel: {type: transformer_lm, depth: 1, width: 32, heads: 2}\n"
+      "data: {type: text, path: " +
+      rel +
+      ", context: 16}\noptimizer: {type: adam, lr: 0.001}\n"
+      "schedule: {type: gpipe, stages: 1, microbatch_size: 16}\ntrain: {epochs: 1}\n";
+  struct Case {
+    std::string what;
+    std::vector<std::string> flags;
+    std::string cwd;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"a different copy",
+       {},
+       elsewhere,
+       {"data.path", rel, "differs from the coordinator's", "SHA-256"}},
+      {"data outside the worker's roots",
+       {"--data-root", elsewhere},
+       "",
+       {"data.path", "outside this worker's data roots", "--data-root"}},
+  };
+  for (const Case& c : cases) {
+    Cluster cluster(0);
+    ASSERT_FALSE(cluster.address().empty()) << cluster.Logs();
+    cluster.AddWorker(c.flags, c.cwd);
+    ASSERT_TRUE(WaitFor(60, [&] { return cluster.CountWorkers(v1::IDLE) == 1; })) << cluster.Logs();
+    const std::string job = cluster.Submit(cluster.WriteSpec("own-data", spec));
+    ASSERT_FALSE(job.empty()) << cluster.Logs();
+    const v1::JobStatus end = cluster.WaitForEnd(job, 120);
+    EXPECT_EQ(end.state(), v1::FAILED) << c.what << ": " << end.reason();
+    for (const std::string& s : c.says) {
+      EXPECT_TRUE(absl::StrContains(end.reason(), s)) << c.what << ": " << end.reason();
+    }
+    // The worker that read it is named.
+    EXPECT_TRUE(absl::StrContains(end.reason(), "data on this worker (127.0.0.1:"))
+        << c.what << ": " << end.reason();
+  }
+  std::filesystem::remove_all(std::filesystem::path(rel).parent_path());
 }
 
 TEST(Security, ASubmitterMayQueueOnlySoManyJobsAndSpecsAreBounded) {

@@ -25,6 +25,7 @@
 #ifndef PIPEMARE_PIPELINE_CHECKPOINT_H_
 #define PIPEMARE_PIPELINE_CHECKPOINT_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -44,6 +45,19 @@ struct WrittenFile {
 
 // Lowercase hex SHA-256 of `bytes`.
 std::string Sha256Hex(const std::string& bytes);
+
+// SHA-256 of bytes given in pieces (a file read block by block).
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void Update(const void* data, size_t size);
+  std::string Hex();  // lowercase; once, after the last Update
+ private:
+  void* ctx_;  // EVP_MD_CTX
+};
 
 // Writes `bytes` to `path` atomically: a temporary name in the same
 // directory, fsync, rename, fsync of the directory. Creates the directory.

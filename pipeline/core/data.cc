@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pipeline/core/checkpoint.h"
 #include "pipeline/core/file_access.h"
 #include "pipeline/core/mnist.h"
 #include "pipeline/core/settings.h"
@@ -550,6 +551,146 @@ absl::StatusOr<Data> LoadData(const v1::DataSpec& d) {
       return LoadText(d);
   }
   return absl::InternalError("data.type: unhandled");
+}
+
+absl::StatusOr<std::vector<DataFile>> DataFilesOf(const v1::DataSpec& d) {
+  auto kind = ParseDataKind(d.type());
+  if (!kind.ok()) return kind.status();
+  switch (*kind) {
+    case DataKind::kIdx:
+    case DataKind::kMnist: {
+      const IdxFiles f = ResolveIdxFiles(d);
+      return std::vector<DataFile>{f.train_images, f.train_labels, f.test_images, f.test_labels};
+    }
+    case DataKind::kCifar: {
+      auto train = CifarFiles(d, true);
+      if (!train.ok()) return train.status();
+      auto test = CifarFiles(d, false);
+      if (!test.ok()) return test.status();
+      train->insert(train->end(), test->begin(), test->end());
+      return *std::move(train);
+    }
+    case DataKind::kText:
+      return std::vector<DataFile>{{d.path(), "data.path"}};
+  }
+  return absl::InternalError("data.type: unhandled");
+}
+
+namespace {
+
+// Size and SHA-256 of `f`, read in 1 MiB blocks.
+absl::StatusOr<v1::DataFile> DescribeFile(const DataFile& f) {
+  auto size = FileSize(f, "a data file", "");
+  if (!size.ok()) return size.status();
+  const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Invalid(f, CannotOpen());
+  Sha256 hash;
+  std::vector<char> block(1 << 20);
+  int64_t read_bytes = 0;
+  while (true) {
+    const ssize_t n = ::read(fd, block.data(), block.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      return Invalid(f, absl::StrCat("read failed (", why, ")"));
+    }
+    if (n == 0) break;
+    hash.Update(block.data(), static_cast<size_t>(n));
+    read_bytes += n;
+  }
+  ::close(fd);
+  v1::DataFile out;
+  out.set_path(f.path);
+  out.set_field(f.field);
+  out.set_size(read_bytes);
+  out.set_sha256(hash.Hex());
+  return out;
+}
+
+template <typename T>
+void Gather(const std::vector<T>& from, int64_t size, const std::vector<int64_t>& order,
+            int64_t begin, int64_t count, std::vector<T>& to) {
+  to.resize(static_cast<size_t>(count * size));
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t src = order.empty() ? begin + j : order[begin + j];
+    std::copy_n(from.data() + src * size, size, to.data() + j * size);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<v1::DataFile>> ManifestOfData(const v1::DataSpec& d) {
+  auto files = DataFilesOf(d);
+  if (!files.ok()) return files.status();
+  std::vector<v1::DataFile> out;
+  for (const DataFile& f : *files) {
+    auto described = DescribeFile(f);
+    if (!described.ok()) return described.status();
+    out.push_back(*std::move(described));
+  }
+  return out;
+}
+
+absl::Status CheckDataManifest(const v1::DataSpec& d,
+                               const google::protobuf::RepeatedPtrField<v1::DataFile>& manifest) {
+  auto files = DataFilesOf(d);
+  if (!files.ok()) return files.status();
+  if (static_cast<int>(files->size()) != manifest.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data: this host resolves ", files->size(), " files of the job's data, the coordinator ",
+        manifest.size(), "; give every worker that reads data the same files as the coordinator"));
+  }
+  for (int i = 0; i < manifest.size(); ++i) {
+    const DataFile& f = (*files)[i];
+    const v1::DataFile& want = manifest[i];
+    const std::string fix =
+        "; give this host the coordinator's copy (a shared volume, or the same file under its "
+        "--data-root)";
+    if (f.path != want.path()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.field, ": this host resolves ", f.path, ", the coordinator ", want.path(),
+                       "; start the worker in the same directory or use absolute paths"));
+    }
+    // The size first: a shorter or longer copy is told without reading it.
+    auto size = FileSize(f, "a data file", "");
+    if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat(size.status().message(), fix));
+    if (*size != want.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(f.field, ": ", f.path, " is ", *size,
+                                                     " bytes here, ", want.size(),
+                                                     " bytes on the coordinator", fix));
+    }
+    auto got = DescribeFile(f);
+    if (!got.ok()) return absl::InvalidArgumentError(absl::StrCat(got.status().message(), fix));
+    if (got->sha256() != want.sha256()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.field, ": ", f.path, " differs from the coordinator's (SHA-256 ",
+                       got->sha256(), " here, ", want.sha256(), " there)", fix));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Batch GatherInputs(const Examples& split, const std::vector<int64_t>& order, int64_t begin,
+                   int64_t count) {
+  Batch b;
+  b.shape.push_back(count);
+  b.shape.insert(b.shape.end(), split.input_shape.begin(), split.input_shape.end());
+  if (split.token_input()) {
+    Gather(split.tokens, split.InputSize(), order, begin, count, b.ints);
+  } else {
+    Gather(split.inputs, split.InputSize(), order, begin, count, b.floats);
+  }
+  return b;
+}
+
+Batch GatherTargets(const Examples& split, const std::vector<int64_t>& order, int64_t begin,
+                    int64_t count) {
+  Batch b;
+  b.shape.push_back(count);
+  b.shape.insert(b.shape.end(), split.target_shape.begin(), split.target_shape.end());
+  Gather(split.targets, split.TargetSize(), order, begin, count, b.ints);
+  return b;
 }
 
 }  // namespace pipemare

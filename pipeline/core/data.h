@@ -107,6 +107,35 @@ struct Data {
 //     targets bytes [i*T + 1, i*T + T + 1).
 absl::StatusOr<Data> LoadData(const v1::DataSpec& data);
 
+// The files LoadData reads for `data`, resolved, each with the spec field
+// that names it: idx and mnist's four, cifar's batches, text's corpus. Does
+// not open them.
+absl::StatusOr<std::vector<DataFile>> DataFilesOf(const v1::DataSpec& data);
+
+// What a worker checks its own copy of the data against: each of the files,
+// its size and SHA-256 (read in full). Errors as LoadData's.
+absl::StatusOr<std::vector<v1::DataFile>> ManifestOfData(const v1::DataSpec& data);
+
+// OK when this host's files of `data` are those of `manifest`: the same
+// paths, sizes and SHA-256. Otherwise INVALID_ARGUMENT (the job fails: no
+// retry on the same files helps) naming the field, the file, what differs
+// and the fix (the worker adds its host).
+absl::Status CheckDataManifest(const v1::DataSpec& data,
+                               const google::protobuf::RepeatedPtrField<v1::DataFile>& manifest);
+
+// Examples [begin, begin + count) of `split` by `order` (empty: in order),
+// side by side: inputs (floats, or token ids for text) of shape
+// {count, input_shape...}, or targets of shape {count, target_shape...}.
+struct Batch {
+  std::vector<int64_t> shape;
+  std::vector<float> floats;  // image inputs
+  std::vector<int64_t> ints;  // token inputs, and targets
+};
+Batch GatherInputs(const Examples& split, const std::vector<int64_t>& order, int64_t begin,
+                   int64_t count);
+Batch GatherTargets(const Examples& split, const std::vector<int64_t>& order, int64_t begin,
+                    int64_t count);
+
 }  // namespace pipemare
 
 #endif  // PIPEMARE_PIPELINE_DATA_H_

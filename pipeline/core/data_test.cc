@@ -590,3 +590,52 @@ TEST(DataTypeTest, UnknownTypeIsRefused) {
 
 }  // namespace
 }  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+TEST_F(DataTest, TheManifestNamesEachFileAndCatchesACopyThatDiffers) {
+  std::vector<unsigned char> text;
+  for (int i = 0; i < 4000; ++i) text.push_back(static_cast<unsigned char>('a' + i % 26));
+  const std::string corpus = Write("corpus.txt", text);
+  v1::DataSpec d;
+  d.set_type("text");
+  d.set_path(corpus);
+  d.set_context(16);
+  auto manifest = ManifestOfData(d);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  ASSERT_EQ(manifest->size(), 1u);
+  EXPECT_EQ((*manifest)[0].path(), corpus);
+  EXPECT_EQ((*manifest)[0].size(), 4000);
+  EXPECT_EQ((*manifest)[0].sha256().size(), 64u);
+  google::protobuf::RepeatedPtrField<v1::DataFile> want(manifest->begin(), manifest->end());
+  EXPECT_TRUE(CheckDataManifest(d, want).ok());
+  // The same size, one byte changed: the hash tells.
+  text[100] = '#';
+  Write("corpus.txt", text);
+  ExpectInvalid(CheckDataManifest(d, want),
+                {"data.path", corpus, "differs from the coordinator's", "SHA-256"});
+  // Shorter: the size tells, before reading.
+  text.resize(3000);
+  Write("corpus.txt", text);
+  ExpectInvalid(CheckDataManifest(d, want), {"data.path", "3000 bytes here, 4000 bytes"});
+  std::filesystem::remove(corpus);
+  ExpectInvalid(CheckDataManifest(d, want), {"data.path", "file not found"});
+}
+
+TEST_F(DataTest, GatherTakesExamplesByTheOrderSideBySide) {
+  Examples e;
+  e.count = 4;
+  e.input_shape = {1, 1, 2};
+  e.inputs = {0, 1, 10, 11, 20, 21, 30, 31};
+  e.targets = {0, 1, 2, 3};
+  const Batch in = GatherInputs(e, {3, 1, 0, 2}, 1, 2);
+  EXPECT_EQ(in.shape, (std::vector<int64_t>{2, 1, 1, 2}));
+  EXPECT_EQ(in.floats, (std::vector<float>{10, 11, 0, 1}));
+  const Batch t = GatherTargets(e, {}, 2, 2);
+  EXPECT_EQ(t.shape, (std::vector<int64_t>{2}));
+  EXPECT_EQ(t.ints, (std::vector<int64_t>{2, 3}));
+}
+
+}  // namespace
+}  // namespace pipemare

@@ -12,6 +12,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+std::string& Owner() {
+  static auto* owner = new std::string("this host's");
+  return *owner;
+}
+
 std::vector<std::string>& Roots() {
   static auto* roots = new std::vector<std::string>();
   return *roots;
@@ -44,7 +49,8 @@ std::string RootsText(const std::string& extra_root) {
 
 }  // namespace
 
-absl::Status SetDataRoots(const std::vector<std::string>& roots, const std::string& flag) {
+absl::Status SetDataRoots(const std::vector<std::string>& roots, const std::string& flag,
+                          const std::string& owner) {
   std::vector<std::string> resolved;
   for (const std::string& root : roots) {
     std::error_code ec;
@@ -56,6 +62,7 @@ absl::Status SetDataRoots(const std::vector<std::string>& roots, const std::stri
     resolved.push_back(canonical.string());
   }
   Roots() = std::move(resolved);
+  Owner() = owner;
   return absl::OkStatus();
 }
 
@@ -86,8 +93,8 @@ absl::Status CheckReadableFile(const std::string& path, const std::string& field
   }
   if (!UnderRoots(resolved, "")) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", path, " resolves to ", resolved.string(),
-        ", outside the coordinator's data roots (", RootsText(""),
+        field, ": ", path, " resolves to ", resolved.string(), ", outside ", Owner(),
+        " data roots (", RootsText(""),
         "); put the data under one of them, or ask the operator to add a --data-root"));
   }
   return absl::OkStatus();
@@ -99,10 +106,9 @@ absl::Status CheckDirectoryUnderRoots(const std::string& path, const std::string
   std::error_code ec;
   const fs::path resolved = fs::weakly_canonical(fs::absolute(path, ec), ec);
   if (ec || !UnderRoots(resolved, extra_root)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", path, " resolves to ", resolved.string(),
-                     ", outside the coordinator's data roots (", RootsText(extra_root),
-                     "); use a directory under one of them"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", path, " resolves to ", resolved.string(), ", outside ", Owner(),
+        " data roots (", RootsText(extra_root), "); use a directory under one of them"));
   }
   return absl::OkStatus();
 }

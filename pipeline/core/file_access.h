@@ -17,7 +17,9 @@ namespace pipemare {
 // in, for this process (set once at start-up; none set: anywhere, the
 // default of in-process tools and tests). Each must exist; stored resolved.
 // Errors name `flag`.
-absl::Status SetDataRoots(const std::vector<std::string>& roots, const std::string& flag);
+// `owner` names whose roots they are in errors ("the coordinator's").
+absl::Status SetDataRoots(const std::vector<std::string>& roots, const std::string& flag,
+                          const std::string& owner = "this host's");
 const std::vector<std::string>& DataRoots();
 
 // OK when `path` may be opened as a job's input: it resolves (symlinks

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -692,6 +693,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (s.microbatches_per_step() < 1 || s.microbatches_per_step() > 4096) {
     return Bad("schedule.microbatches_per_step", "must be in 1..4096");
   }
+  if (s.has_replicas() && (s.replicas() < 1 || s.replicas() > kMaxReplicas)) {
+    return Bad("schedule.replicas",
+               absl::StrCat(s.replicas(), ": copies of the pipeline must be in 1..", kMaxReplicas,
+                            " (unset: 1); each needs schedule.stages more workers"));
+  }
   if (s.lr_anneal_steps() < 0) return Bad("schedule.lr_anneal_steps", "must be >= 0 (0 = T1 off)");
   if (s.lr_anneal_epochs() < 0) return Bad("schedule.lr_anneal_epochs", "must be >= 0");
   if (s.lr_anneal_steps() > 0 && s.lr_anneal_epochs() > 0) {
@@ -854,7 +860,9 @@ int64_t InSteps(int64_t steps, double epochs, int64_t steps_per_epoch) {
 
 int64_t StepsPerEpoch(int64_t train_examples, const v1::ScheduleSpec& schedule) {
   if (schedule.microbatch_size() < 1 || schedule.microbatches_per_step() < 1) return 0;
-  return (train_examples / schedule.microbatch_size()) / schedule.microbatches_per_step();
+  // Each step takes N microbatches for each of the replicas.
+  return (train_examples / schedule.microbatch_size()) /
+         (static_cast<int64_t>(schedule.microbatches_per_step()) * std::max(1, Replicas(schedule)));
 }
 
 int64_t WarmupSteps(const v1::ScheduleSpec& schedule, int64_t steps_per_epoch) {

@@ -47,7 +47,8 @@ absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& optimizer);
 // T1's K and T3's W in steps; gpipe has no warm-up). Stage i's
 // downstream_address is left empty.
 // Optimizer steps in one epoch of `train_examples`: whole steps of N
-// microbatches (0: the data make no full step).
+// microbatches for each of schedule.replicas pipelines (0: the data make no
+// full step).
 int64_t StepsPerEpoch(int64_t train_examples, const v1::ScheduleSpec& schedule);
 // T3's warm-up W in steps (warmup_steps, or warmup_epochs of
 // `steps_per_epoch`); 0 for gpipe, which is synchronous throughout.

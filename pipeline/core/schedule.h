@@ -100,6 +100,11 @@ inline bool BackwardUsesForwardWeights(ScheduleKind kind) {
 // schedule.recompute of a validated spec: as given, else true where it must
 // be (pipemare, async) and false elsewhere.
 bool Recomputes(const v1::ScheduleSpec& schedule);
+// schedule.replicas, or 1 when unset.
+inline int Replicas(const v1::ScheduleSpec& schedule) {
+  return schedule.has_replicas() ? schedule.replicas() : 1;
+}
+inline constexpr int kMaxReplicas = 64;
 
 struct PlanOptions {
   ScheduleKind schedule = ScheduleKind::kPipeMare;

@@ -903,6 +903,14 @@ void StageRuntime::CompensateDelay() {
 
 double StageRuntime::ApplyGradients(double lr, bool compensate, bool compensate_delay) {
   auto params = module_->parameters();
+  if (reduce_gradients_) {
+    // The replicas' average, before clipping and every correction.
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : params) {
+      if (p.grad().defined()) grads.push_back(p.grad());
+    }
+    reduce_gradients_(grads);
+  }
   double grad_norm = 0;
   if (grad_clip_norm_ > 0) grad_norm = torch::nn::utils::clip_grad_norm_(params, grad_clip_norm_);
   if (compensate_delay) CompensateDelay();

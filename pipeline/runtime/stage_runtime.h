@@ -197,6 +197,13 @@ class StageRuntime {
   absl::Status Restore(const std::vector<UnitState>& units, int64_t step,
                        bool weights_only = false);
 
+  // schedule.replicas: called with the stage's gradients (those defined)
+  // at every optimizer step, before anything else touches them, to average
+  // them in place with the other replicas' (the worker's ReplicaGroup). Set
+  // before the first action.
+  using GradientReducer = std::function<void(const std::vector<torch::Tensor>&)>;
+  void SetGradientReducer(GradientReducer reduce) { reduce_gradients_ = std::move(reduce); }
+
   // The stage's parameters (for tests).
   std::vector<torch::Tensor> Parameters() const { return module_->parameters(); }
   std::vector<torch::Tensor> Buffers() const { return module_->buffers(); }
@@ -281,11 +288,12 @@ class StageRuntime {
   const int num_stages_;
   const ScheduleKind kind_;
   const int microbatches_per_step_;
-  const int tau_;                  // τ_i, analytic
-  const LrSchedule lr_schedule_;   // α_k
-  const double grad_clip_norm_;    // 0 = off
-  const int64_t lr_anneal_steps_;  // T1's K; 0 = off
-  const int64_t warmup_steps_;     // T3's W; 0 = off
+  const int tau_;                     // τ_i, analytic
+  const LrSchedule lr_schedule_;      // α_k
+  const double grad_clip_norm_;       // 0 = off
+  GradientReducer reduce_gradients_;  // schedule.replicas > 1
+  const int64_t lr_anneal_steps_;     // T1's K; 0 = off
+  const int64_t warmup_steps_;        // T3's W; 0 = off
   const bool t2_enabled_;
   const double t2_gamma_;
   // schedule.spike_compensation on a stage with τ_i > 0 (sgd), and its a, b.
