@@ -283,6 +283,25 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
                                           : "; backward uses the forward's graph";
   }
   summary.AddRow({"SCHEDULE", schedule});
+  if (const int replicas = Replicas(spec_schedule); replicas > 1) {
+    // What every stage's all-reduce with its replicas cost (replica 0's).
+    int64_t allreduces = 0, bytes = 0;
+    double seconds = 0;
+    for (const auto& stage : job.stages()) {
+      allreduces += stage.allreduces();
+      bytes += stage.allreduce_bytes();
+      seconds += stage.allreduce_seconds();
+    }
+    summary.AddRow(
+        {"REPLICAS",
+         Format("%d pipelines of %d stages (%d workers); effective batch %lld = %d x %d x %d; "
+                "gradient all-reduces: %lld, %.2f s, %s",
+                replicas, spec_schedule.stages(), replicas * spec_schedule.stages(),
+                static_cast<long long>(replicas) * spec_schedule.microbatches_per_step() *
+                    spec_schedule.microbatch_size(),
+                replicas, spec_schedule.microbatches_per_step(), spec_schedule.microbatch_size(),
+                static_cast<long long>(allreduces), seconds, FormatBytes(bytes).c_str())});
+  }
   if (!job.partition().empty()) {
     std::string partition = job.partition();
     const auto& split = spec_schedule.split();

@@ -73,21 +73,24 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
     after_warmup = predict(*async_plan, Recomputes(s));
   }
   if (options.json) {
-    nlohmann::json j = {{"schedule", ScheduleName(kind)},
-                        {"stages", P},
-                        {"microbatches_per_step", N},
-                        {"steps", options.steps},
-                        {"warmup_steps", warmup},
-                        {"backward_cost", options.backward_cost},
-                        {"weight_share", options.weight_share},
-                        {"recompute", Recomputes(s)},
-                        {"predicted_utilization", p.mean_utilization},
-                        {"gpipe_utilization", g.mean_utilization},
-                        {"throughput_vs_gpipe", g.makespan / p.makespan},
-                        {"best_synchronous", ScheduleName(best->kind)},
-                        {"throughput_vs_best_synchronous", best->prediction.makespan / p.makespan},
-                        {"synchronous", nlohmann::json::object()},
-                        {"per_stage", nlohmann::json::array()}};
+    nlohmann::json j = {
+        {"schedule", ScheduleName(kind)},
+        {"stages", P},
+        {"microbatches_per_step", N},
+        {"steps", options.steps},
+        {"warmup_steps", warmup},
+        {"backward_cost", options.backward_cost},
+        {"weight_share", options.weight_share},
+        {"recompute", Recomputes(s)},
+        {"replicas", Replicas(s)},
+        {"effective_batch", static_cast<int64_t>(Replicas(s)) * N * s.microbatch_size()},
+        {"predicted_utilization", p.mean_utilization},
+        {"gpipe_utilization", g.mean_utilization},
+        {"throughput_vs_gpipe", g.makespan / p.makespan},
+        {"best_synchronous", ScheduleName(best->kind)},
+        {"throughput_vs_best_synchronous", best->prediction.makespan / p.makespan},
+        {"synchronous", nlohmann::json::object()},
+        {"per_stage", nlohmann::json::array()}};
     for (const Synchronous& x : sync) {
       j["synchronous"][ScheduleName(x.kind)] = {
           {"utilization", x.prediction.mean_utilization},
@@ -112,6 +115,15 @@ absl::StatusOr<std::string> RenderSimulation(const v1::JobSpec& spec,
                            ScheduleName(kind), P, N, static_cast<long long>(options.steps));
   if (IsAsynchronous(kind) && warmup > 0) {
     absl::StrAppend(&out, ", synchronous warm-up for the first ", warmup, " steps");
+  }
+  if (const int R = Replicas(s); R > 1) {
+    // Each replica runs this plan on its own share of every step; the
+    // stages' all-reduce before each U is not in the model of time.
+    absl::StrAppend(&out, "\nreplicas: ", R, " pipelines of this plan (", R * P,
+                    " workers), each stage all-reducing its gradients with its replicas before "
+                    "each U; effective batch ",
+                    static_cast<int64_t>(R) * N * s.microbatch_size(), " = ", R, " x ", N, " x ",
+                    s.microbatch_size(), " examples per step");
   }
   absl::StrAppend(&out, "\n\n", FormatPlan(*plan, options.show), "\n");
   // HELD: the most microbatches the stage holds at once (its activation

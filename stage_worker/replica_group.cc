@@ -1,5 +1,6 @@
 #include "stage_worker/replica_group.h"
 
+#include <thread>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -74,7 +75,16 @@ absl::StatusOr<std::unique_ptr<ReplicaGroup>> ReplicaGroup::Create(
   return g;
 }
 
-ReplicaGroup::~ReplicaGroup() = default;
+ReplicaGroup::~ReplicaGroup() {
+  // ProcessGroupGloo's destructor waits for its queued collectives: one
+  // abandoned by Abort() may wait for the group's timeout. Not here.
+  if (aborted_ && group_) {
+    std::thread([group = std::move(group_), store = std::move(store_)]() mutable {
+      group.reset();
+      store.reset();
+    }).detach();
+  }
+}
 
 std::string ReplicaGroup::Address() const { return address_; }
 
@@ -99,7 +109,12 @@ void ReplicaGroup::Average(const std::vector<torch::Tensor>& grads) {
   std::vector<torch::Tensor> flat_parts;
   for (const auto& g : grads) flat_parts.push_back(g.reshape({-1}));
   std::vector<torch::Tensor> flat = {torch::cat(flat_parts)};
-  group_->allreduce(flat)->wait();
+  auto work = group_->allreduce(flat);
+  while (!work->isCompleted()) {
+    if (aborted_) throw std::runtime_error("the stage stops; its all-reduce is abandoned");
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  work->wait();  // rethrows the collective's error
   flat[0].div_(size_);
   int64_t offset = 0;
   for (const auto& g : grads) {

@@ -45,8 +45,13 @@ class ReplicaGroup {
   // first action.
   absl::Status Connect(std::chrono::milliseconds timeout);
   // Averages `grads` (defined, contiguous or not) across the replicas in
-  // place. Throws (c10::Error, std::exception) when a replica is gone.
+  // place. Throws (c10::Error, std::exception) when a replica is gone, or
+  // once Abort() was called.
   void Average(const std::vector<torch::Tensor>& grads);
+  // Ends a waiting Average at once (the stage stops: a replica that will
+  // never join this all-reduce must not hold it for the group's timeout).
+  // The abandoned collective finishes or times out on a thread of its own.
+  void Abort() { aborted_ = true; }
 
   int64_t allreduces() const { return allreduces_.load(); }
   double seconds() const { return seconds_.load(); }
@@ -60,6 +65,7 @@ class ReplicaGroup {
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::atomic<int64_t> allreduces_{0}, bytes_{0};
   std::atomic<double> seconds_{0};
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace pipemare

@@ -122,6 +122,7 @@ std::vector<RetainedCut> StageHost::Retained() const { return cuts_->Retained();
 void StageHost::Stop() {
   stopping_ = true;
   if (machine_) machine_->Stop("the stage stopped before its cut");
+  if (replicas_) replicas_->Abort();
   if (cuts_) cuts_->Abandon();
   if (links_) {
     links_->Abort("the stage stops");

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -124,6 +125,89 @@ TEST(Recovery, WithNoSpareAndShrinkTheJobGoesOnWithFewerStages) {
   EXPECT_EQ(job.progress().step(), job.progress().total_steps());
   EXPECT_GE(job.metrics().test_accuracy(), 0.9);
   EXPECT_TRUE(absl::StrContains(cluster.Logs(), "shrinking from 3 to 2 stages")) << cluster.Logs();
+}
+
+// schedule.replicas: 2 pipelines of 2 gpipe stages, 2 microbatches each per
+// step, on 12,800 MNIST examples for 2 epochs (200 steps), a cut every 25.
+std::string ReplicaSpec(Cluster& cluster, const std::string& name, const std::string& recovery) {
+  return cluster.WriteSpec(
+      name, absl::StrCat(absl::StrReplaceAll(ShortSpec(name, "gpipe", 2, 12800, 2),
+                                             {{"test_limit: 2000", "test_limit: 10000"},
+                                              {"microbatch_size: 32,",
+                                               "microbatch_size: 32, replicas: 2, "
+                                               "microbatches_per_step: 2,"}}),
+                         "checkpoint: {every_steps: 25, keep: 2, dir: ", cluster.dir(),
+                         "/checkpoints}\n", recovery, "\n"));
+}
+
+// Waits for a cut at step 50 or later, then kills a worker of replica 1
+// (busy for the job, not one of the stages its status lists: those are
+// replica 0's).
+void KillAWorkerOfReplicaOne(Cluster& cluster, const std::string& id) {
+  v1::JobStatus job;
+  ASSERT_TRUE(WaitFor(120, [&] {
+    job = cluster.Status(id);
+    return job.checkpoint().step() >= 50;
+  })) << cluster.Logs();
+  std::set<std::string> replica0;
+  for (const auto& st : job.stages()) replica0.insert(st.worker_id());
+  const v1::ListWorkersResponse workers = cluster.Workers();
+  for (const auto& w : workers.workers()) {
+    if (w.state() != v1::BUSY || replica0.count(w.id())) continue;
+    for (int i = cluster.worker_count() - 1; i >= 0; --i) {
+      if (cluster.worker(i).Running() &&
+          absl::StrContains(cluster.worker(i).Log(), "serving on " + w.address() + " ")) {
+        cluster.worker(i).Signal(SIGKILL);
+        return;
+      }
+    }
+  }
+  FAIL() << "no worker of replica 1 found\n" << cluster.Logs();
+}
+
+TEST(Recovery, ReplicasAllReduceEveryStepAndALostReplicaWorkerIsReplaced) {
+  Cluster cluster(5, {"--worker-timeout", std::to_string(kWorkerTimeoutSeconds)});
+  ASSERT_TRUE(cluster.ok());
+  const std::string id = cluster.Submit(ReplicaSpec(cluster, "replicas", ""));
+  ASSERT_FALSE(id.empty());
+  KillAWorkerOfReplicaOne(cluster, id);
+  const v1::JobStatus job = cluster.WaitForEnd(id, 300);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << cluster.Logs();
+  ASSERT_EQ(job.restarts_size(), 1) << cluster.Logs();
+  EXPECT_GE(job.restarts(0).from_step(), 50);
+  EXPECT_EQ(job.progress().total_steps(), 200) << "12800 / (2 replicas x 2 x 32) a epoch";
+  EXPECT_EQ(job.progress().step(), 200);
+  EXPECT_GE(job.metrics().test_accuracy(), 0.9);
+  ASSERT_EQ(job.stages_size(), 2);
+  for (const auto& st : job.stages()) {
+    // Every step of the run that finished all-reduced once per stage.
+    EXPECT_EQ(st.allreduces(), 200 - job.restarts(0).from_step()) << st.index();
+    EXPECT_GT(st.allreduce_bytes(), 0);
+  }
+  auto status = cluster.Ctl({"status", id});
+  EXPECT_TRUE(absl::StrContains(status.out,
+                                "2 pipelines of 2 stages (4 workers); effective batch "
+                                "128 = 2 x 2 x 32"))
+      << status.out;
+  EXPECT_TRUE(absl::StrContains(cluster.Logs(), "joined the stage's all-reduce group"));
+}
+
+TEST(Recovery, WithNoSpareAndShrinkAReplicaThatLostAWorkerIsDropped) {
+  Cluster cluster(4, {"--worker-timeout", std::to_string(kWorkerTimeoutSeconds)});
+  ASSERT_TRUE(cluster.ok());
+  const std::string id =
+      cluster.Submit(ReplicaSpec(cluster, "shrink", "recovery: {shrink: true, wait_seconds: 1}"));
+  ASSERT_FALSE(id.empty());
+  KillAWorkerOfReplicaOne(cluster, id);
+  const v1::JobStatus job = cluster.WaitForEnd(id, 300);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << cluster.Logs();
+  ASSERT_EQ(job.restarts_size(), 1);
+  EXPECT_EQ(job.spec().schedule().replicas(), 1);
+  EXPECT_EQ(job.spec().schedule().stages(), 2) << "the pipeline keeps its stages";
+  EXPECT_EQ(job.progress().step(), job.progress().total_steps());
+  EXPECT_GE(job.metrics().test_accuracy(), 0.9);
+  EXPECT_TRUE(absl::StrContains(cluster.Logs(), "shrinking from 2 to 1 replicas"))
+      << cluster.Logs();
 }
 
 TEST(Recovery, WithNoSpareAndNoShrinkTheJobFailsNamingTheFixAndResumesLater) {
