@@ -23,6 +23,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "tests/cluster.h"
 #include "tests/process.h"
@@ -59,7 +60,10 @@ class Hosts {
           !Ip({"link", "set", host_end, "master", bridge()}) ||
           !Ip({"link", "set", host_end, "up"}) ||
           !Ip({"-n", ns, "addr", "add", absl::StrCat(Address(i), "/24"), "dev", ns_end}) ||
-          !Ip({"-n", ns, "link", "set", ns_end, "up"})) {
+          !Ip({"-n", ns, "link", "set", ns_end, "up"}) ||
+          // As on any host: a process reaches its own address over lo (the
+          // all-reduce store's server connects to itself).
+          !Ip({"-n", ns, "link", "set", "lo", "up"})) {
         return "cannot wire a veth pair into the bridge";
       }
     }
@@ -321,6 +325,82 @@ TEST(SeparateHosts, TheReadmesClusterRecipeWithHostNamesTrainsAndARefusedWorkerS
                              "refused this worker: this worker's certificate "
                              "names w1");
   })) << refused.Log();
+}
+
+TEST(SeparateHosts, TwoReplicasOfTwoStagesTrainOnFourHostsWithTheReadmesTls) {
+  // schedule.replicas: 2 pipelines of 2 stages, each worker on its own host
+  // with the README's certificates; each stage's replicas meet for their
+  // all-reduce at the address replica 0's stage gives the coordinator.
+  constexpr int kWorkers = 4;
+  Hosts hosts;
+  const std::string why = hosts.Make(1 + kWorkers + 1);
+  if (!why.empty()) GTEST_SKIP() << "cannot make network hosts here: " << why;
+  std::string names = absl::StrCat("127.0.0.1 localhost\n", Hosts::Address(0), " coord\n");
+  for (int i = 1; i <= kWorkers; ++i) absl::StrAppend(&names, Hosts::Address(i), " w", i, "\n");
+  std::vector<std::string> etc;
+  for (int i = 0; i <= kWorkers + 1; ++i) {
+    etc.push_back("/etc/netns/" + hosts.Namespace(i));
+    std::filesystem::create_directories(etc.back());
+    std::ofstream(etc.back() + "/hosts") << names;
+  }
+  struct Cleanup {
+    std::vector<std::string> dirs;
+    ~Cleanup() {
+      for (const auto& d : dirs) std::filesystem::remove_all(d);
+    }
+  } cleanup{etc};
+  const std::string dir = MakeTempDir();
+  const std::string pki = dir + "/pki";
+  std::vector<std::string> ca_args = {BinDir() + "/pipemarectl", "dev-ca", "--out", pki,
+                                      "--coordinator-host",      "coord"};
+  for (int i = 1; i <= kWorkers; ++i) {
+    ca_args.push_back("--worker-host");
+    ca_args.push_back(absl::StrCat("w", i));
+  }
+  auto ca = pipemare::testing::Run(ca_args, 30);
+  ASSERT_EQ(ca.exit_code, 0) << ca.out << ca.err;
+  Process coordinator(hosts.In(0, {BinDir() + "/pipemare-coordinator", "--listen", "0.0.0.0:7070",
+                                   "--state-dir", dir + "/state", "--tls-ca", pki + "/ca.pem",
+                                   "--tls-cert", pki + "/coordinator.pem", "--tls-key",
+                                   pki + "/coordinator.key", "--tokens-file", pki + "/tokens"}),
+                      dir + "/coordinator.log");
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int i = 1; i <= kWorkers; ++i) {
+    const std::string w = absl::StrCat(pki, "/worker-w", i);
+    workers.push_back(std::make_unique<Process>(
+        hosts.In(i, {BinDir() + "/pipemare-worker", "--coordinator", "coord:7070", "--listen",
+                     "0.0.0.0:7071", "--device", "cpu", "--threads", "1", "--tls-ca",
+                     pki + "/ca.pem", "--tls-cert", w + ".pem", "--tls-key", w + ".key"}),
+        absl::StrCat(dir, "/worker-", i, ".log")));
+  }
+  auto logs = [&] {
+    std::string all = coordinator.Log();
+    for (auto& w : workers) absl::StrAppend(&all, "\n--- worker\n", w->Log());
+    return all;
+  };
+  auto ctl = [&](std::vector<std::string> args, double timeout) {
+    args.insert(args.begin(), {BinDir() + "/pipemarectl", "--coordinator", "coord:7070", "--tls-ca",
+                               pki + "/ca.pem", "--token-file", pki + "/submit.token"});
+    return pipemare::testing::Run(hosts.In(kWorkers + 1, args), timeout);
+  };
+  ASSERT_TRUE(WaitFor(60, [&] {
+    auto r = ctl({"workers"}, 10);
+    for (int i = 1; i <= kWorkers; ++i) {
+      if (!absl::StrContains(r.out, absl::StrCat("w", i, ":7071"))) return false;
+    }
+    return true;
+  })) << logs();
+  const std::string spec = dir + "/spec.yaml";
+  std::ofstream(spec) << absl::StrReplaceAll(
+      ShortSpec("replicas", "gpipe", 2, 3200),
+      {{"microbatch_size: 32,", "microbatch_size: 32, replicas: 2,"}});
+  auto submit = ctl({"submit", spec, "--wait"}, 300);
+  EXPECT_EQ(submit.exit_code, 0) << submit.out << submit.err << logs();
+  EXPECT_TRUE(absl::StrContains(submit.out, "SUCCEEDED")) << submit.out;
+  auto status = ctl({"status", "job-1"}, 30);
+  EXPECT_TRUE(absl::StrContains(status.out, "2 pipelines of 2 stages (4 workers)")) << status.out;
+  EXPECT_TRUE(absl::StrContains(logs(), "replica 1 of 2 joined the stage's all-reduce group"))
+      << logs();
 }
 
 TEST(SeparateHosts, ACutLinkCostsTheStepsSinceTheCutAndTheCutOffWorkerCommitsNothing) {

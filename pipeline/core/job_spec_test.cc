@@ -1273,3 +1273,29 @@ TEST(SettingsTest, EachAllowedSetRoundTripsDefaultsWhenEmptyAndNamesTheFieldWhen
 
 }  // namespace
 }  // namespace pipemare
+
+namespace pipemare {
+namespace {
+
+TEST(JobSpecValidateTest, ReplicasAreOneToSixtyFourAndShareEachEpoch) {
+  for (int bad : {0, -1, kMaxReplicas + 1}) {
+    ExpectInvalid(ValidateMutated([&](v1::JobSpec& s) { s.mutable_schedule()->set_replicas(bad); }),
+                  "schedule.replicas", "must be in 1..64");
+  }
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_schedule()->set_replicas(4);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  // An epoch of 6400 examples in microbatches of 32, 2 per step: 100 steps
+  // on one pipeline, 25 when 4 replicas each take 2 microbatches a step.
+  v1::ScheduleSpec s;
+  s.set_microbatch_size(32);
+  s.set_microbatches_per_step(2);
+  EXPECT_EQ(StepsPerEpoch(6400, s), 100);
+  s.set_replicas(4);
+  EXPECT_EQ(StepsPerEpoch(6400, s), 25);
+  EXPECT_EQ(Replicas(s), 4);
+  EXPECT_EQ(Replicas(v1::ScheduleSpec()), 1);
+}
+
+}  // namespace
+}  // namespace pipemare

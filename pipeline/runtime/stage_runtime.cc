@@ -845,6 +845,17 @@ absl::Status StageRuntime::Step() {
       copy_version_ = k;
     }
   }
+  if (virtual_.enabled && reduce_gradients_) {
+    // The virtual device computes no gradients; its replicas still
+    // all-reduce as many bytes as the stage's real ones would be.
+    if (virtual_gradients_.empty()) {
+      for (const auto& p : module_->parameters())
+        virtual_gradients_.push_back(torch::zeros_like(p));
+    }
+    absl::Status st = Guard(absl::StrCat("stage ", stage_, " all-reduce").c_str(),
+                            [&] { reduce_gradients_(virtual_gradients_); });
+    if (!st.ok()) return st;
+  }
   if (!virtual_.enabled) {
     // Spike compensation from the switch on, like T1 (no delay before it).
     absl::Status st = Guard(absl::StrCat("stage ", stage_, " optimizer step").c_str(), [&] {

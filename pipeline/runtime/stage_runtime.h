@@ -288,12 +288,13 @@ class StageRuntime {
   const int num_stages_;
   const ScheduleKind kind_;
   const int microbatches_per_step_;
-  const int tau_;                     // τ_i, analytic
-  const LrSchedule lr_schedule_;      // α_k
-  const double grad_clip_norm_;       // 0 = off
-  GradientReducer reduce_gradients_;  // schedule.replicas > 1
-  const int64_t lr_anneal_steps_;     // T1's K; 0 = off
-  const int64_t warmup_steps_;        // T3's W; 0 = off
+  const int tau_;                                 // τ_i, analytic
+  const LrSchedule lr_schedule_;                  // α_k
+  const double grad_clip_norm_;                   // 0 = off
+  GradientReducer reduce_gradients_;              // schedule.replicas > 1
+  std::vector<torch::Tensor> virtual_gradients_;  // the virtual device's stand-ins for them
+  const int64_t lr_anneal_steps_;                 // T1's K; 0 = off
+  const int64_t warmup_steps_;                    // T3's W; 0 = off
   const bool t2_enabled_;
   const double t2_gamma_;
   // schedule.spike_compensation on a stage with τ_i > 0 (sgd), and its a, b.
