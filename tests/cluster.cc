@@ -180,11 +180,14 @@ int Cluster::CountWorkers(v1::WorkerState state) {
 
 int Cluster::WorkerForStage(const v1::JobStatus& job, int stage) {
   if (stage >= job.stages_size()) return -1;
-  const std::string addr = job.stages(stage).worker_address();
+  return WorkerServing(job.stages(stage).worker_address());
+}
+
+int Cluster::WorkerServing(const std::string& address) {
   // Worker i's log names the address it serves on. The newest running one:
   // a replacement may be given the port of a worker killed earlier.
   for (int i = worker_count() - 1; i >= 0; --i) {
-    if (worker(i).Running() && absl::StrContains(worker(i).Log(), "serving on " + addr + " ")) {
+    if (worker(i).Running() && absl::StrContains(worker(i).Log(), "serving on " + address + " ")) {
       return i;
     }
   }

@@ -66,6 +66,8 @@ class Cluster {
   int CountWorkers(v1::WorkerState state);
   // Index of the worker process serving `stage` of `job`, or -1.
   int WorkerForStage(const v1::JobStatus& job, int stage);
+  // Index of the running worker process serving on `address`, or -1.
+  int WorkerServing(const std::string& address);
   std::string Logs();
 
  private:

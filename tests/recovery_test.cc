@@ -154,12 +154,9 @@ void KillAWorkerOfReplicaOne(Cluster& cluster, const std::string& id) {
   const v1::ListWorkersResponse workers = cluster.Workers();
   for (const auto& w : workers.workers()) {
     if (w.state() != v1::BUSY || replica0.count(w.id())) continue;
-    for (int i = cluster.worker_count() - 1; i >= 0; --i) {
-      if (cluster.worker(i).Running() &&
-          absl::StrContains(cluster.worker(i).Log(), "serving on " + w.address() + " ")) {
-        cluster.worker(i).Signal(SIGKILL);
-        return;
-      }
+    if (const int i = cluster.WorkerServing(w.address()); i >= 0) {
+      cluster.worker(i).Signal(SIGKILL);
+      return;
     }
   }
   FAIL() << "no worker of replica 1 found\n" << cluster.Logs();
