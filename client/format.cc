@@ -337,16 +337,24 @@ std::string RenderJobStatus(const v1::JobStatus& job) {
   }
   for (int i = 0; i < job.restarts_size(); ++i) {
     const auto& r = job.restarts(i);
+    // Where the restored state came from, when not (only) the files.
+    std::string restored;
+    if (r.restored_from_memory() > 0) {
+      restored += Format(", %d restored from their own memory", r.restored_from_memory());
+    }
+    if (r.restored_from_replica() > 0) {
+      restored += Format(", %d restored from replica 0's memory", r.restored_from_replica());
+    }
     summary.AddRow(
         {i == 0 ? "RESTARTS" : "",
-         Format("%d: stage %d (%s) lost at step %lld, on from step %lld on %d stages%s; %s", i + 1,
-                r.stage(), OrDash(r.worker_id()).c_str(),
+         Format("%d: stage %d (%s) lost at step %lld, on from step %lld on %d stages%s%s; %s",
+                i + 1, r.stage(), OrDash(r.worker_id()).c_str(),
                 static_cast<long long>(r.failed_at_step()), static_cast<long long>(r.from_step()),
                 r.stages(),
                 r.recover_seconds() > 0
                     ? Format(", trained again after %.1f s", r.recover_seconds()).c_str()
                     : "",
-                r.cause().c_str())});
+                restored.c_str(), r.cause().c_str())});
   }
 
   std::string out = summary.Render();

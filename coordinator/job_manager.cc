@@ -76,6 +76,18 @@ std::string CheckpointDirOf(const v1::JobStatus& job) {
       .parent_path()
       .string();
 }
+
+// A job needs stages x replicas workers at once; with a bound on the
+// cluster's workers (--max-workers), more than that can never start.
+absl::Status CheckWorkersCanCome(const v1::JobSpec& spec, int max_workers) {
+  const int P = spec.schedule().stages(), R = Replicas(spec.schedule());
+  if (max_workers <= 0 || static_cast<int64_t>(P) * R <= max_workers) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "schedule.replicas x schedule.stages: ", R, " x ", P, " = ", static_cast<int64_t>(P) * R,
+      " workers, and this cluster has at most ", max_workers,
+      " (the coordinator's --max-workers); lower schedule.replicas or schedule.stages, or raise "
+      "--max-workers once the cluster has more workers"));
+}
 }  // namespace
 
 absl::StatusOr<Manifest> JobManager::ResolveFrom(const std::string& from,
@@ -128,6 +140,7 @@ absl::StatusOr<v1::JobStatus> JobManager::Submit(v1::JobSpec spec, const std::st
   }
   ApplyJobSpecDefaults(spec);
   if (auto st = ValidateJobSpec(spec); !st.ok()) return st;
+  if (auto st = CheckWorkersCanCome(spec, options_.max_workers); !st.ok()) return st;
   int queued = 0;
   for (const v1::JobStatus& job : store_->List()) {
     if (job.state() == v1::PENDING && job.submitted_by() == submitter) ++queued;
@@ -334,6 +347,7 @@ absl::StatusOr<v1::JobStatus> JobManager::Resume(const std::string& id) {
   }
   auto manifest = NewestValidManifest(CheckpointDirOf(*job), id);
   if (!manifest.ok()) return manifest.status();
+  if (auto st = CheckWorkersCanCome(job->spec(), options_.max_workers); !st.ok()) return st;
   if (auto st = store_->UpdateState(id, v1::PENDING,
                                     absl::StrCat("resuming from the checkpoint at step ",
                                                  manifest->step, " when workers are idle"));
@@ -686,7 +700,8 @@ absl::StatusOr<WorkerRegistry::Clock::time_point> JobManager::Recover(
                      policy.wait_seconds(), " s): ", failure.message(),
                      "; add workers and `pipemarectl resume` it, or set recovery.shrink: true"));
   }
-  restart.set_stages(static_cast<int>(workers->size()));
+  // Stages per pipeline (workers are replicas x stages).
+  restart.set_stages(static_cast<int>(workers->size()) / Replicas(spec.schedule()));
   store_->AddRestart(id, spec, restart).IgnoreError();
   for (size_t i = 0; i < workers->size(); ++i) {
     LogInfo(

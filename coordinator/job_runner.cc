@@ -153,6 +153,12 @@ absl::Status JobRunner::Impl::LoadStage(int r, int i, v1::StageAssignment a,
   a.set_replica(r);
   a.set_replicas(R_);
   if (r > 0) a.set_collective_address(collective[i]);
+  if (r > 0 && a.restore_size() > 0 && !a.restore_weights_only()) {
+    // Live recovery: replica 0's stage, loaded first, holds the cut in
+    // memory (its own, or the one it just restored): the others take it
+    // from there rather than from the checkpoint's files.
+    a.add_replica_donors(stages_->Address(i));
+  }
   v1::LoadStageResponse resp;
   grpc::Status st = stages_->Load(k, a, &resp);
   if (st.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
@@ -168,6 +174,7 @@ absl::Status JobRunner::Impl::LoadStage(int r, int i, v1::StageAssignment a,
   }
   r_.registry_->SetStage(r_.workers_[k].id(), i);
   if (resp.restored_from_memory()) ++r_.context_->restored_from_memory;
+  if (resp.restored_from_replica()) ++r_.context_->restored_from_replica;
   if (r == 0 && R_ > 1) {
     if (resp.collective_address().empty()) {
       return absl::InternalError(
@@ -446,8 +453,10 @@ absl::Status JobRunner::Impl::ApplyResume(std::vector<v1::StageAssignment>& assi
 absl::Status JobRunner::Impl::LoadRun(std::vector<v1::StageAssignment> assignments) {
   absl::Status st = LoadStages(std::move(assignments));
   if (st.ok() && r_.context_->recovering_since != Clock::time_point()) {
-    const int from_memory = r_.context_->restored_from_memory;
-    r_.store_->SetRestoredFromMemory(r_.job_id_, from_memory).IgnoreError();
+    r_.store_
+        ->SetRestoredFromMemory(r_.job_id_, r_.context_->restored_from_memory,
+                                r_.context_->restored_from_replica)
+        .IgnoreError();
   }
   if (!st.ok()) return st;
   // Sends queue behind at most the in-flight window.

@@ -39,6 +39,10 @@ struct RunnerOptions {
   double drain_timeout_seconds = 20;
   // Jobs one submitter may have waiting (PENDING) at once.
   int max_queued_jobs_per_submitter = 32;
+  // The most workers this cluster will ever have (--max-workers; 0: no
+  // bound): a job that needs more (stages x replicas) is refused at submit
+  // instead of waiting PENDING for ever.
+  int max_workers = 0;
   // The float32 parameter bytes one job's model may take, checked unit by
   // unit before each is built (the shape pass at submit and at start).
   int64_t max_model_bytes = kDefaultMaxModelBytes;
@@ -94,10 +98,11 @@ struct RunContext {
   // Not owned, may be null: a drain asked of this run.
   const DrainRequest* drain = nullptr;
   // Out: the stages whose workers were lost (unreachable, or silent past the
-  // heartbeat timeout) when the run ended, and how many stages restored
-  // their units from memory.
+  // heartbeat timeout) when the run ended, how many workers restored their
+  // units from their own memory, and how many from replica 0's.
   std::vector<int> lost_stages;
   int restored_from_memory = 0;
+  int restored_from_replica = 0;
 };
 
 class JobRunner {

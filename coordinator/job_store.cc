@@ -418,9 +418,12 @@ absl::Status JobStore::SetRecoverSeconds(const std::string& id, double seconds) 
   });
 }
 
-absl::Status JobStore::SetRestoredFromMemory(const std::string& id, int stages) {
+absl::Status JobStore::SetRestoredFromMemory(const std::string& id, int stages, int from_replica) {
   return Mutate(id, true, [&](v1::JobStatus& s) {
-    if (!s.restarts().empty()) s.mutable_restarts()->rbegin()->set_restored_from_memory(stages);
+    if (s.restarts().empty()) return;
+    v1::Restart& r = *s.mutable_restarts()->rbegin();
+    r.set_restored_from_memory(stages);
+    r.set_restored_from_replica(from_replica);
   });
 }
 

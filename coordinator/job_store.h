@@ -89,7 +89,8 @@ class JobStore {
                           const v1::Restart& restart);
   // The newest restart's figures once known.
   absl::Status SetRecoverSeconds(const std::string& id, double seconds);
-  absl::Status SetRestoredFromMemory(const std::string& id, int stages);
+  // Workers that restored from their own memory, and from a replica's.
+  absl::Status SetRestoredFromMemory(const std::string& id, int stages, int from_replica);
   // A run's plan: its task, partition and stages (replacing any before).
   absl::Status SetPlan(const std::string& id, const std::string& task, const std::string& partition,
                        const std::vector<v1::StageStatus>& stages);

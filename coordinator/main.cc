@@ -88,6 +88,14 @@ int main(int argc, char** argv) {
       ->envname("PIPEMARE_MAX_QUEUED_JOBS")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  int max_workers = 0;
+  app.add_option("--max-workers", max_workers,
+                 "the most workers this cluster will ever have (e.g. the worker StatefulSet's "
+                 "replicas): a job that needs more (schedule.stages x schedule.replicas) is "
+                 "refused at submit rather than left waiting. 0: no bound")
+      ->envname("PIPEMARE_MAX_WORKERS")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   size_t max_watches_per_caller = pipemare::CoordinatorService::kDefaultMaxWatchesPerCaller;
   app.add_option("--max-watches-per-caller", max_watches_per_caller,
                  "WatchJob streams (pipemarectl watch, submit --wait) one caller may hold open at "
@@ -185,6 +193,7 @@ int main(int argc, char** argv) {
   options.stall_timeout_seconds = stall_timeout;
   options.drain_timeout_seconds = drain_timeout;
   options.max_queued_jobs_per_submitter = max_queued_jobs;
+  options.max_workers = max_workers;
   options.max_model_bytes = max_model_bytes;
   options.tls = !insecure;
   options.checkpoint_dir = !checkpoint_dir.empty() ? checkpoint_dir

@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -44,19 +45,32 @@ const UnitState* FindRetainedUnit(const std::vector<RetainedCut>* memory,
 
 absl::StatusOr<std::vector<UnitState>> LoadCutUnits(const v1::StageAssignment& a,
                                                     const std::vector<RetainedCut>* memory,
-                                                    int* from_memory) {
+                                                    const FetchUnit& fetch, CutSources* sources) {
   std::vector<UnitState> units;
-  *from_memory = 0;
+  *sources = CutSources();
   for (const auto& f : a.restore()) {
     if (f.unit() < a.first_unit() || f.unit() >= a.first_unit() + a.units()) continue;
     if (const UnitState* held = FindRetainedUnit(memory, f)) {
       units.push_back(*held);
-      ++*from_memory;
+      ++sources->own_memory;
       continue;
+    }
+    if (fetch) {
+      auto fetched = fetch(f);
+      if (fetched.ok()) {
+        units.push_back(std::move(*fetched));
+        ++sources->replica;
+        continue;
+      }
+      LogWarning(ForStage(a.job_id(), a.stage()),
+                 absl::StrCat("unit ", f.unit(), " of the cut at step ", a.start_step(),
+                              " from a replica's memory: ", fetched.status().message(),
+                              "; reading ", f.path()));
     }
     auto unit = ReadUnitFile(f.path(), f.sha256());
     if (!unit.ok()) return unit.status();
     units.push_back(std::move(*unit));
+    ++sources->disk;
   }
   return units;
 }
@@ -115,6 +129,13 @@ void CutWriter::PruneLocked() {
   while (retained_.size() > base + kNewerCuts) {
     retained_.erase(retained_.begin() + static_cast<std::ptrdiff_t>(base));
   }
+}
+
+void CutWriter::Hold(RetainedCut cut) {
+  absl::MutexLock lock(&mu_);
+  committed_step_ = std::max(committed_step_, cut.snapshot->step);
+  retained_.push_back(std::move(cut));
+  PruneLocked();
 }
 
 std::vector<RetainedCut> CutWriter::Retained() const {

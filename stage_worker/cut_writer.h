@@ -7,6 +7,7 @@
 #define PIPEMARE_STAGE_WORKER_CUT_WRITER_H_
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -32,12 +33,23 @@ struct RetainedCut {
 const UnitState* FindRetainedUnit(const std::vector<RetainedCut>* memory,
                                   const v1::CheckpointFile& file);
 
+// Where a unit of a cut came from when a stage restored it.
+struct CutSources {
+  int own_memory = 0;  // this worker wrote that very file and held it
+  int replica = 0;     // the same stage of another replica held it (FetchUnit)
+  int disk = 0;
+};
+// A unit of a cut from another replica's memory, checked against the file's
+// SHA-256; NOT_FOUND (or any error) when none holds it.
+using FetchUnit = std::function<absl::StatusOr<UnitState>(const v1::CheckpointFile&)>;
+
 // The units of `a.restore()` that are this stage's (by unit index), each
 // from `memory` when this worker itself wrote that very file (same path,
-// same SHA-256; `from_memory` counts them), else read from disk and checked.
+// same SHA-256), else from `fetch` (when set) if another replica holds it,
+// else read from disk and checked. `sources` counts each.
 absl::StatusOr<std::vector<UnitState>> LoadCutUnits(const v1::StageAssignment& a,
                                                     const std::vector<RetainedCut>* memory,
-                                                    int* from_memory);
+                                                    const FetchUnit& fetch, CutSources* sources);
 
 class CutWriter {
  public:
@@ -61,6 +73,9 @@ class CutWriter {
 
   // The coordinator committed the cut at `step`: older cuts leave memory.
   void NoteCommitted(int64_t step);
+  // Holds `cut`, committed, the stage restored: the same stage of another
+  // replica may ask for it (FetchCutUnit) and a rollback to it reads no disk.
+  void Hold(RetainedCut cut);
   // The cuts kept in memory: the newest at or before the committed step and
   // at most kNewerCuts after it.
   std::vector<RetainedCut> Retained() const;

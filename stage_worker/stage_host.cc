@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/thread_name.h"
+#include "stage_worker/replica_cuts.h"
 #include "stage_worker/tensor_wire.h"
 
 namespace pipemare {
@@ -37,12 +38,15 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "start_step: ", a.start_step(), " is not in 0..total_steps (", a.total_steps(), ")"));
   }
+  std::shared_ptr<StageSnapshot> restored;
+  std::vector<WrittenFile> restored_files;
   if (a.restore_size() > 0 || a.start_step() > 0) {
     // Resume: this stage's units from a checkpoint cut (any partition's).
     // A unit this worker itself wrote to that very file (same path, same
-    // SHA-256) comes from its memory of the cut: no disk read.
-    int from_memory = 0;
-    auto units = LoadCutUnits(a, memory, &from_memory);
+    // SHA-256) comes from its memory of the cut, else from the memory of the
+    // same stage of another replica: no disk read.
+    CutSources from;
+    auto units = LoadCutUnits(a, memory, FetchFromReplicas(a), &from);
     if (!units.ok()) return units.status();
     if (a.restore_weights_only() && a.start_step() != 0) {
       return absl::InvalidArgumentError(
@@ -52,12 +56,28 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
         !st.ok()) {
       return st;
     }
-    host->restored_from_memory_ = !units->empty() && from_memory == static_cast<int>(units->size());
+    host->restored_from_memory_ =
+        !units->empty() && from.own_memory == static_cast<int>(units->size());
+    host->restored_from_replica_ = from.replica > 0 && from.disk == 0;
     host->metrics_->Update(host->runtime_->Stats());
     LogInfo(ForStage(a.job_id(), a.stage()),
             absl::StrCat("restored units [", a.first_unit(), ", ", a.first_unit() + a.units(),
-                         ") from the checkpoint at step ", a.start_step(), " (", from_memory,
-                         " of ", units->size(), " from memory)"));
+                         ") from the checkpoint at step ", a.start_step(), " (", from.own_memory,
+                         " of ", units->size(), " from memory, ", from.replica,
+                         " from a replica's memory, ", from.disk, " from disk)"));
+    if (!a.restore_weights_only()) {
+      // The cut stays in memory, committed: the same stage of another
+      // replica restores it from here, and a rollback to it reads no disk.
+      restored = std::make_shared<StageSnapshot>();
+      restored->step = a.start_step();
+      restored->stage = a.stage();
+      restored->generation = -1;  // an earlier run's: never this run's to commit
+      for (const auto& f : a.restore()) {
+        if (f.unit() < a.first_unit() || f.unit() >= a.first_unit() + a.units()) continue;
+        restored_files.push_back({f.unit(), f.path(), f.bytes(), f.sha256()});
+      }
+      restored->units = *std::move(units);
+    }
   }
   {
     const auto start = std::chrono::steady_clock::now();
@@ -109,6 +129,7 @@ absl::StatusOr<std::shared_ptr<StageHost>> StageHost::Start(
   if (auto st = host->links_->Open(); !st.ok()) return st;
   host->cuts_ =
       std::make_unique<CutWriter>(a.checkpoint_dir(), a.job_id(), a.stage(), host->metrics_);
+  if (restored) host->cuts_->Hold({std::move(restored), std::move(restored_files)});
   host->compute_thread_ = std::thread([h = host.get()] { h->ComputeLoop(); });
   return host;
 }

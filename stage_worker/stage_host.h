@@ -87,6 +87,9 @@ class StageHost {
   void NoteCommitted(int64_t step);
   // Whether every restored unit came from memory.
   bool restored_from_memory() const { return restored_from_memory_; }
+  // Whether the units it did not hold itself all came from a replica's
+  // memory (replica_cuts.h).
+  bool restored_from_replica() const { return restored_from_replica_; }
   int64_t generation() const { return assignment_.generation(); }
   // Replica 0 with schedule.replicas > 1: where the other replicas of this
   // stage meet for the all-reduce (LoadStageResponse.collective_address).
@@ -144,6 +147,7 @@ class StageHost {
   // Writes the cuts the machine takes, and keeps the newest in memory.
   std::unique_ptr<CutWriter> cuts_;
   bool restored_from_memory_ = false;
+  bool restored_from_replica_ = false;
 
   mutable std::mutex error_mu_;
   std::string error_;  // why the host failed; under error_mu_

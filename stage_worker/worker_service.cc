@@ -6,6 +6,7 @@
 #include "pipeline/core/job_spec.h"
 #include "pipeline/core/settings.h"
 #include "pipeline/model/model.h"
+#include "stage_worker/replica_cuts.h"
 
 namespace pipemare {
 
@@ -17,6 +18,8 @@ std::map<std::string, unsigned> WorkerAccessRules() {
     rules[service + method] = kCoordinator;
   }
   rules[service + "Pipe"] = kCoordinator | kWorker;
+  // The same stage of another replica, restoring a cut this worker holds.
+  rules[service + "FetchCutUnit"] = kWorker;
   return rules;
 }
 
@@ -75,6 +78,7 @@ grpc::Status WorkerService::LoadStage(grpc::ServerContext*, const v1::StageAssig
   response->set_parameters(stats.parameters);
   response->set_analytic_delay(stats.analytic_delay);
   response->set_restored_from_memory((*host)->restored_from_memory());
+  response->set_restored_from_replica((*host)->restored_from_replica());
   response->set_collective_address((*host)->collective_address());
   {
     absl::MutexLock lock(&mu_);
@@ -199,6 +203,27 @@ grpc::Status WorkerService::CutCheckpoint(grpc::ServerContext*,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "step: must be >= 1");
   }
   return ToGrpc(host->CutAt(request->step()));
+}
+
+grpc::Status WorkerService::FetchCutUnit(grpc::ServerContext*,
+                                         const v1::FetchCutUnitRequest* request,
+                                         grpc::ServerWriter<v1::CutUnitChunk>* writer) {
+  std::shared_ptr<StageHost> host;
+  std::vector<RetainedCut> memory;
+  std::string job;
+  {
+    absl::MutexLock lock(&mu_);
+    host = host_;
+    if (!host) {
+      memory = memory_;
+      job = memory_job_;
+    }
+  }
+  if (host) {
+    memory = host->Retained();
+    job = host->job_id();
+  }
+  return ServeCutUnit(job, memory, *request, writer);
 }
 
 v1::ServedStage WorkerService::Served() {

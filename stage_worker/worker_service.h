@@ -17,8 +17,9 @@
 namespace pipemare {
 
 // Who may call each StageWorker method (common/security.h): the pipeline
-// stream takes the coordinator (its feeds) and neighbouring workers; every
-// other method only the coordinator.
+// stream takes the coordinator (its feeds) and neighbouring workers,
+// FetchCutUnit workers only (another replica's stage); every other method
+// only the coordinator.
 std::map<std::string, unsigned> WorkerAccessRules();
 
 // Pipe is served on gRPC's callback API with raw byte buffers
@@ -49,6 +50,10 @@ class WorkerService final
   // "profile"). Idle workers only; one profile at a time.
   grpc::Status ProfileUnits(grpc::ServerContext* context, const v1::ProfileRequest* request,
                             v1::ProfileResponse* response) override;
+  // A unit of a cut this worker holds in memory, for the same stage of
+  // another replica (stage_worker/replica_cuts.h).
+  grpc::Status FetchCutUnit(grpc::ServerContext* context, const v1::FetchCutUnitRequest* request,
+                            grpc::ServerWriter<v1::CutUnitChunk>* writer) override;
 
   // Drops the current stage, whatever its job (coordinator lost, shutdown).
   void ReleaseAll(const std::string& why);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/rpc.h"
 #include "pipemare/v1/pipemare.grpc.pb.h"
@@ -95,6 +96,33 @@ TEST(BadInput, CoordinatorRefusesEachSpecNamingTheFieldAndKeepsServing) {
   ASSERT_TRUE(stub->ListJobs(ctx.get(), v1::ListJobsRequest(), &jobs).ok());
   EXPECT_EQ(jobs.jobs_size(), 0);
   EXPECT_TRUE(cluster.coordinator().Running());
+}
+
+TEST(BadInput, AJobNeedingMoreWorkersThanTheClusterWillEverHaveIsRefusedNamingTheFix) {
+  // --max-workers: the most workers this cluster will have. A job needing
+  // more (stages x replicas) would wait PENDING for ever: refused at submit.
+  Cluster cluster(0, {"--max-workers", "4"});
+  ASSERT_FALSE(cluster.address().empty());
+  auto spec = [&](int stages, int replicas) {
+    const std::string name = absl::StrCat("r", replicas, "p", stages);
+    return cluster.WriteSpec(
+        name,
+        absl::StrReplaceAll(ShortSpec(name, "gpipe", stages, 6400),
+                            {{"microbatch_size: 32,",
+                              absl::StrCat("microbatch_size: 32, replicas: ", replicas, ",")}}));
+  };
+  auto refused = cluster.Ctl({"submit", spec(3, 2)});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(refused.err, "schedule.replicas x schedule.stages: 2 x 3 = 6"))
+      << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "at most 4 (the coordinator's --max-workers)"))
+      << refused.err;
+  // Exactly as many as may come: accepted, and it waits for them.
+  auto accepted = cluster.Ctl({"submit", spec(2, 2)});
+  EXPECT_EQ(accepted.exit_code, 0) << accepted.err;
+  auto jobs = cluster.Ctl({"list"});
+  EXPECT_TRUE(absl::StrContains(jobs.out, "PENDING")) << jobs.out;
+  EXPECT_FALSE(absl::StrContains(jobs.out, "r2p3")) << jobs.out;
 }
 
 // Writes an idx file: magic 0x0000080<dims>, the sizes, then `data`.

@@ -90,7 +90,8 @@ TEST(Observability, PrometheusScrapesEveryTargetAndEveryPanelHasData) {
   ASSERT_EQ(access(prometheus.c_str(), X_OK), 0)
       << "install Debian's prometheus (scripts/dev.sh deps does)";
 
-  Cluster cluster(3, {"--log-format", "json"});
+  // Two pipelines of two stages: the replicas' panels have data too.
+  Cluster cluster(4, {"--log-format", "json"});
   ASSERT_TRUE(cluster.ok()) << cluster.Logs();
   ASSERT_FALSE(cluster.metrics_address().empty()) << cluster.Logs();
   std::vector<std::string> worker_targets;
@@ -146,7 +147,9 @@ TEST(Observability, PrometheusScrapesEveryTargetAndEveryPanelHasData) {
   ASSERT_TRUE(WaitFor(30, targets_up)) << HttpGet(api + "/api/v1/targets") << server.Log();
 
   const auto start = std::chrono::system_clock::now();
-  const std::string spec = cluster.WriteSpec("obs", ShortSpec("obs", "pipemare", 3, 6400, 2));
+  const std::string spec = cluster.WriteSpec(
+      "obs", absl::StrReplaceAll(ShortSpec("obs", "pipemare", 2, 12800, 2),
+                                 {{"microbatch_size: 32,", "microbatch_size: 32, replicas: 2,"}}));
   const std::string job_id = cluster.Submit(spec);
   ASSERT_FALSE(job_id.empty()) << cluster.Logs();
   v1::JobStatus job = cluster.WaitForEnd(job_id, 300);

@@ -172,6 +172,7 @@ TEST(Recovery, ReplicasAllReduceEveryStepAndALostReplicaWorkerIsReplaced) {
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << cluster.Logs();
   ASSERT_EQ(job.restarts_size(), 1) << cluster.Logs();
   EXPECT_GE(job.restarts(0).from_step(), 50);
+  EXPECT_EQ(job.restarts(0).stages(), 2) << "stages per pipeline, not workers";
   EXPECT_EQ(job.progress().total_steps(), 200) << "12800 / (2 replicas x 2 x 32) a epoch";
   EXPECT_EQ(job.progress().step(), 200);
   EXPECT_GE(job.metrics().test_accuracy(), 0.9);
@@ -187,6 +188,21 @@ TEST(Recovery, ReplicasAllReduceEveryStepAndALostReplicaWorkerIsReplaced) {
                                 "128 = 2 x 2 x 32"))
       << status.out;
   EXPECT_TRUE(absl::StrContains(cluster.Logs(), "joined the stage's all-reduce group"));
+  // Live recovery: replica 0's stages rolled back from their own memory, and
+  // replica 1's (the survivor and the replacement) took the cut from replica
+  // 0's memory, not from the checkpoint's files.
+  EXPECT_EQ(job.restarts(0).restored_from_memory(), 2) << cluster.Logs();
+  EXPECT_EQ(job.restarts(0).restored_from_replica(), 2) << cluster.Logs();
+  EXPECT_TRUE(absl::StrContains(status.out, "2 restored from replica 0's memory")) << status.out;
+  // As good as the run nothing happened to: the same job again, untouched.
+  const std::string again = cluster.Submit(ReplicaSpec(cluster, "untouched", ""));
+  ASSERT_FALSE(again.empty());
+  const v1::JobStatus untouched = cluster.WaitForEnd(again, 300);
+  ASSERT_EQ(untouched.state(), v1::SUCCEEDED) << cluster.Logs();
+  std::cout << "test accuracy: " << job.metrics().test_accuracy() << " with the kill, "
+            << untouched.metrics().test_accuracy() << " without" << std::endl;
+  EXPECT_NEAR(job.metrics().test_accuracy(), untouched.metrics().test_accuracy(), 0.005)
+      << "within 0.5 points of the run without a kill";
 }
 
 TEST(Recovery, WithNoSpareAndShrinkAReplicaThatLostAWorkerIsDropped) {

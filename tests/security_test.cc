@@ -176,6 +176,20 @@ TEST(Security, OnlyTheRightCallersGetThroughAndAJobAlongsideSucceeds) {
     EXPECT_TRUE(absl::StrContains(st.error_message(), "the coordinator's certificate"))
         << st.error_message();
   }
+  // Another replica's stage may ask a worker for a cut it holds in memory
+  // (live recovery): let through, and this one holds none of that job.
+  {
+    auto stub = v1::StageWorker::NewStub(as_worker(worker_address));
+    v1::FetchCutUnitRequest request;
+    request.set_job_id("hijack");
+    request.mutable_file()->set_path("/etc/passwd");
+    auto context = ContextWithDeadline(10);
+    auto reader = stub->FetchCutUnit(context.get(), request);
+    v1::CutUnitChunk chunk;
+    EXPECT_FALSE(reader->Read(&chunk));
+    grpc::Status st = reader->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  }
   // A client with a token but no certificate cannot reach a worker at all.
   {
     auto stub = v1::StageWorker::NewStub(

@@ -17,41 +17,50 @@ absl::StatusOr<std::vector<WrittenFile>> WriteStageSnapshot(const std::string& d
   std::vector<WrittenFile> files;
   const std::string step_dir = CheckpointStepDir(dir, job, snapshot.step);
   for (const UnitState& unit : snapshot.units) {
-    std::string bytes;
-    try {
-      c10::Dict<std::string, torch::Tensor> dict;
-      for (const auto& [name, tensor] : unit.tensors) dict.insert(name, tensor);
-      dict.insert("meta/step", torch::tensor(snapshot.step, torch::kInt64));
-      dict.insert("meta/unit", torch::tensor(static_cast<int64_t>(unit.unit), torch::kInt64));
-      const std::vector<char> pickled = torch::pickle_save(c10::IValue(dict));
-      bytes.assign(pickled.begin(), pickled.end());
-    } catch (const c10::Error& e) {
-      return absl::InternalError(
-          absl::StrCat("serialising unit ", unit.unit, ": ", e.what_without_backtrace()));
-    }
+    auto bytes = UnitFileBytes(unit, snapshot.step);
+    if (!bytes.ok()) return bytes.status();
     WrittenFile f;
     f.unit = unit.unit;
     f.path = snapshot.generation > 0
                  ? absl::StrFormat("%s/unit-%05d.g%d.pt", step_dir, unit.unit, snapshot.generation)
                  : absl::StrFormat("%s/unit-%05d.pt", step_dir, unit.unit);
-    f.bytes = static_cast<int64_t>(bytes.size());
-    f.sha256 = Sha256Hex(bytes);
-    if (auto st = WriteFileAtomically(f.path, bytes); !st.ok()) return st;
+    f.bytes = static_cast<int64_t>(bytes->size());
+    f.sha256 = Sha256Hex(*bytes);
+    if (auto st = WriteFileAtomically(f.path, *bytes); !st.ok()) return st;
     files.push_back(std::move(f));
   }
   return files;
 }
 
+absl::StatusOr<std::string> UnitFileBytes(const UnitState& unit, int64_t step) {
+  try {
+    c10::Dict<std::string, torch::Tensor> dict;
+    for (const auto& [name, tensor] : unit.tensors) dict.insert(name, tensor);
+    dict.insert("meta/step", torch::tensor(step, torch::kInt64));
+    dict.insert("meta/unit", torch::tensor(static_cast<int64_t>(unit.unit), torch::kInt64));
+    const std::vector<char> pickled = torch::pickle_save(c10::IValue(dict));
+    return std::string(pickled.begin(), pickled.end());
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("serialising unit ", unit.unit, ": ", e.what_without_backtrace()));
+  }
+}
+
 absl::StatusOr<UnitState> ReadUnitFile(const std::string& path, const std::string& sha256) {
   auto bytes = ReadWholeFile(path);
   if (!bytes.ok()) return bytes.status();
-  if (!sha256.empty() && Sha256Hex(*bytes) != sha256) {
-    return absl::DataLossError(absl::StrCat(path, ": SHA-256 does not match the manifest (",
-                                            bytes->size(), " bytes; truncated or overwritten)"));
+  return ParseUnitFile(*bytes, sha256, path);
+}
+
+absl::StatusOr<UnitState> ParseUnitFile(const std::string& bytes, const std::string& sha256,
+                                        const std::string& name) {
+  if (!sha256.empty() && Sha256Hex(bytes) != sha256) {
+    return absl::DataLossError(absl::StrCat(name, ": SHA-256 does not match the manifest (",
+                                            bytes.size(), " bytes; truncated or overwritten)"));
   }
   UnitState unit;
   try {
-    const std::vector<char> data(bytes->begin(), bytes->end());
+    const std::vector<char> data(bytes.begin(), bytes.end());
     c10::IValue value = torch::pickle_load(data);
     if (!value.isGenericDict()) throw std::invalid_argument("not a dict of tensors");
     for (const auto& item : value.toGenericDict()) {
@@ -64,7 +73,7 @@ absl::StatusOr<UnitState> ReadUnitFile(const std::string& path, const std::strin
       }
     }
   } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat(path, ": not a unit checkpoint: ", e.what()));
+    return absl::DataLossError(absl::StrCat(name, ": not a unit checkpoint: ", e.what()));
   }
   return unit;
 }

@@ -42,6 +42,13 @@ absl::StatusOr<std::vector<WrittenFile>> WriteStageSnapshot(const std::string& d
 // not match.
 absl::StatusOr<UnitState> ReadUnitFile(const std::string& path, const std::string& sha256);
 
+// A unit file's bytes: `unit` at the cut after `step`. The same state gives
+// the same bytes, so a copy held in memory is checked by the file's SHA-256.
+absl::StatusOr<std::string> UnitFileBytes(const UnitState& unit, int64_t step);
+// ReadUnitFile on bytes already read (`name` says where from, for errors).
+absl::StatusOr<UnitState> ParseUnitFile(const std::string& bytes, const std::string& sha256,
+                                        const std::string& name);
+
 }  // namespace pipemare
 
 #endif  // PIPEMARE_PIPELINE_CHECKPOINT_UNITS_H_

@@ -184,6 +184,38 @@ TEST(CheckpointTest, CommittedCutsVerifyExportAndDamageIsDetected) {
   fs::remove_all(dir);
 }
 
+TEST(CheckpointTest, AUnitReadBackSerialisesToItsFilesVeryBytes) {
+  // Live recovery with replicas checks a unit sent from another replica's
+  // memory against the file's SHA-256: the state a file was read into (or a
+  // replica's copy of it) must serialise to exactly that file again.
+  std::vector<std::unique_ptr<StageRuntime>> runtimes;
+  auto cuts = TrainOneStep(&runtimes);
+  const std::string dir = TempDir();
+  for (const auto& cut : cuts) {
+    auto files = WriteStageSnapshot(dir, "job-8", *cut);
+    ASSERT_TRUE(files.ok()) << files.status();
+    for (size_t i = 0; i < files->size(); ++i) {
+      const WrittenFile& f = (*files)[i];
+      auto held = UnitFileBytes(cut->units[i], cut->step);
+      ASSERT_TRUE(held.ok());
+      EXPECT_EQ(Sha256Hex(*held), f.sha256) << "the snapshot it was written from";
+      auto read = ReadUnitFile(f.path, f.sha256);
+      ASSERT_TRUE(read.ok()) << read.status();
+      auto again = UnitFileBytes(*read, cut->step);
+      ASSERT_TRUE(again.ok());
+      EXPECT_EQ(Sha256Hex(*again), f.sha256) << "the state read back from the file";
+      auto parsed = ParseUnitFile(*again, f.sha256, "a replica's copy");
+      ASSERT_TRUE(parsed.ok()) << parsed.status();
+      EXPECT_EQ(parsed->unit, f.unit);
+      // Any other bytes are refused, naming where they came from.
+      EXPECT_THAT(
+          std::string(
+              ParseUnitFile(again->substr(1), f.sha256, "a replica's copy").status().message()),
+          HasSubstr("a replica's copy: SHA-256 does not match"));
+    }
+  }
+}
+
 TEST(CheckpointTest, KeepsTheNewestCommittedCuts) {
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
   auto cuts = TrainOneStep(&runtimes);
