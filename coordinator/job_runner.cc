@@ -359,13 +359,25 @@ absl::Status JobRunner::Impl::Run() {
 }
 
 absl::StatusOr<std::vector<v1::StageAssignment>> JobRunner::Impl::PlanRun() {
-  auto run =
-      MakeRunPlan(spec_, r_.job_id_, r_.context_->generation, r_.options_.checkpoint_dir,
-                  r_.options_.max_model_bytes, [this](const ModelPlan& plan) {
-                    return ProfileOnStages(*stages_, plan, spec_.schedule().microbatch_size(),
-                                           spec_.train().seed(), *r_.cancel_, r_.job_id_);
-                  });
+  auto job = r_.store_->Get(r_.job_id_);
+  if (!job.ok()) return job.status();
+  auto run = MakeRunPlan(
+      spec_, r_.job_id_, r_.context_->generation, r_.options_.checkpoint_dir,
+      r_.options_.max_model_bytes,
+      [this](const ModelPlan& plan) {
+        return ProfileOnStages(*stages_, plan, spec_.schedule().microbatch_size(),
+                               spec_.train().seed(), *r_.cancel_, r_.job_id_);
+      },
+      job->data_files());
   if (!run.ok()) return run.status();
+  if (job->data_files().empty()) {
+    // The first run: every later one (a recovery, a resume) must find the
+    // same files, or its data position would name other examples.
+    if (auto st = r_.store_->SetDataFiles(r_.job_id_, run->assignments.front().data_files());
+        !st.ok()) {
+      return st;
+    }
+  }
   train_count_ = run->data.train.count;
   test_count_ = run->data.test.count;
   lm_ = run->lm;

@@ -412,6 +412,11 @@ absl::Status JobStore::AddRestart(const std::string& id, const v1::JobSpec& spec
   });
 }
 
+absl::Status JobStore::SetDataFiles(const std::string& id,
+                                    const google::protobuf::RepeatedPtrField<v1::DataFile>& files) {
+  return Mutate(id, true, [&](v1::JobStatus& s) { *s.mutable_data_files() = files; });
+}
+
 absl::Status JobStore::SetRecoverSeconds(const std::string& id, double seconds) {
   return Mutate(id, true, [&](v1::JobStatus& s) {
     if (!s.restarts().empty()) s.mutable_restarts()->rbegin()->set_recover_seconds(seconds);

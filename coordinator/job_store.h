@@ -89,6 +89,9 @@ class JobStore {
                           const v1::Restart& restart);
   // The newest restart's figures once known.
   absl::Status SetRecoverSeconds(const std::string& id, double seconds);
+  // The job's data as its first run read it (JobStatus.data_files).
+  absl::Status SetDataFiles(const std::string& id,
+                            const google::protobuf::RepeatedPtrField<v1::DataFile>& files);
   // Workers that restored from their own memory, and from a replica's.
   absl::Status SetRestoredFromMemory(const std::string& id, int stages, int from_replica);
   // A run's plan: its task, partition and stages (replacing any before).

@@ -49,7 +49,8 @@ absl::Status Partition(const v1::JobSpec& spec, const ModelPlan& plan, int P,
 
 absl::StatusOr<RunPlan> MakeRunPlan(const v1::JobSpec& spec, const std::string& job_id,
                                     int64_t generation, const std::string& checkpoint_dir,
-                                    int64_t max_model_bytes, const ProfileUnits& profile) {
+                                    int64_t max_model_bytes, const ProfileUnits& profile,
+                                    const google::protobuf::RepeatedPtrField<v1::DataFile>& first) {
   const auto& sched = spec.schedule();
   const int P = sched.stages();
   const int N = sched.microbatches_per_step();
@@ -113,9 +114,13 @@ absl::StatusOr<RunPlan> MakeRunPlan(const v1::JobSpec& spec, const std::string& 
     a.set_torchscript(plan->torchscript);
   }
   // Stage 0 and the last stage read the examples themselves, from the same
-  // files: the manifest is what they check their copies against.
+  // files: the manifest is what they check their copies against. After the
+  // first run it must be the job's data as that run read it.
   auto manifest = ManifestOfData(spec.data());
   if (!manifest.ok()) return absl::InvalidArgumentError(manifest.status().message());
+  if (!first.empty()) {
+    if (auto st = CheckDataUnchanged(*manifest, first); !st.ok()) return st;
+  }
   for (v1::StageAssignment* a : {&assignments->front(), &assignments->back()}) {
     *a->mutable_data() = spec.data();
     *a->mutable_train() = spec.train();

@@ -49,9 +49,13 @@ using ProfileUnits =
 // `checkpoint_dir`: where cuts go when the spec names no checkpoint.dir.
 // Errors name the field: INVALID_ARGUMENT for data or a model that no longer
 // fits it (both were checked at submit; the files may have changed since).
+// `first`: the data's files as the job's first run read them (JobStatus.
+// data_files; empty on that first run): the coordinator's copy must still
+// match. The stages check theirs against the run's manifest.
 absl::StatusOr<RunPlan> MakeRunPlan(const v1::JobSpec& spec, const std::string& job_id,
                                     int64_t generation, const std::string& checkpoint_dir,
-                                    int64_t max_model_bytes, const ProfileUnits& profile);
+                                    int64_t max_model_bytes, const ProfileUnits& profile,
+                                    const google::protobuf::RepeatedPtrField<v1::DataFile>& first);
 
 // Each stage's units' files of the cut `m` (any partition's: by unit index)
 // go into its assignment's restore list.

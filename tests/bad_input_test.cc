@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -123,6 +124,54 @@ TEST(BadInput, AJobNeedingMoreWorkersThanTheClusterWillEverHaveIsRefusedNamingTh
   auto jobs = cluster.Ctl({"list"});
   EXPECT_TRUE(absl::StrContains(jobs.out, "PENDING")) << jobs.out;
   EXPECT_FALSE(absl::StrContains(jobs.out, "r2p3")) << jobs.out;
+}
+
+TEST(BadInput, DataChangedBeforeAResumeFailsItNamingTheFileAndTheFix) {
+  // The coordinator keeps the data's manifest from the job's first run: a
+  // later run (a recovery, a resume) on files changed since fails, naming
+  // the file, rather than training on other examples at the cut's position.
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok());
+  const std::string data = cluster.dir() + "/mnist";
+  std::filesystem::create_directories(data);
+  for (const auto& entry : std::filesystem::directory_iterator(MnistDir())) {
+    std::filesystem::copy_file(entry.path(), std::filesystem::path(data) / entry.path().filename());
+  }
+  const std::string spec = cluster.WriteSpec(
+      "changed",
+      absl::StrCat(
+          absl::StrReplaceAll(ShortSpec("changed", "gpipe", 2, 12800, 3), {{MnistDir(), data}}),
+          "checkpoint: {every_steps: 10, dir: ", cluster.dir(), "/checkpoints}\n"));
+  const std::string id = cluster.Submit(spec);
+  ASSERT_FALSE(id.empty()) << cluster.Logs();
+  v1::JobStatus job;
+  ASSERT_TRUE(WaitFor(120, [&] {
+    job = cluster.Status(id);
+    return job.checkpoint().step() > 0;
+  })) << cluster.Logs();
+  ASSERT_EQ(job.data_files_size(), 4);
+  EXPECT_EQ(job.data_files(0).sha256().size(), 64u);
+  auto cancel = cluster.Ctl({"cancel", id});
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+  ASSERT_EQ(cluster.WaitForEnd(id, 120).state(), v1::CANCELLED) << cluster.Logs();
+  {
+    // The same size, one test label changed (a re-labelled copy).
+    std::fstream labels(data + "/t10k-labels-idx1-ubyte",
+                        std::ios::in | std::ios::out | std::ios::binary);
+    labels.seekg(100);
+    const char label = static_cast<char>(labels.get());
+    labels.seekp(100);
+    labels.put(static_cast<char>((label + 1) % 10));
+  }
+  auto resumed = cluster.Ctl({"resume", id, "--wait"}, 120);
+  EXPECT_NE(resumed.exit_code, 0);
+  job = cluster.WaitForEnd(id, 120);
+  EXPECT_EQ(job.state(), v1::FAILED) << cluster.Logs();
+  EXPECT_TRUE(
+      absl::StrContains(job.reason(), "t10k-labels-idx1-ubyte changed since the job started"))
+      << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "put back the files the job started with"))
+      << job.reason();
 }
 
 // Writes an idx file: magic 0x0000080<dims>, the sizes, then `data`.

@@ -671,6 +671,33 @@ absl::Status CheckDataManifest(const v1::DataSpec& d,
   return absl::OkStatus();
 }
 
+absl::Status CheckDataUnchanged(const std::vector<v1::DataFile>& now,
+                                const google::protobuf::RepeatedPtrField<v1::DataFile>& first) {
+  const std::string fix =
+      "; a recovery or resume goes on at its checkpoint's position in the data, which in other "
+      "files would be other examples: put back the files the job started with, or submit a new "
+      "job (--init-from its checkpoint keeps the weights)";
+  if (static_cast<int>(now.size()) != first.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("data: ", now.size(), " files now, ",
+                                                   first.size(), " when the job started", fix));
+  }
+  for (int i = 0; i < first.size(); ++i) {
+    const v1::DataFile &f = now[i], &was = first[i];
+    if (f.path() != was.path()) {
+      return absl::InvalidArgumentError(absl::StrCat(f.field(), ": resolves to ", f.path(),
+                                                     " now, ", was.path(), " when the job started",
+                                                     fix));
+    }
+    if (f.size() != was.size() || f.sha256() != was.sha256()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.field(), ": ", f.path(), " changed since the job started (", was.size(),
+                       " bytes, SHA-256 ", was.sha256(), " then; ", f.size(), " bytes, SHA-256 ",
+                       f.sha256(), " now)", fix));
+    }
+  }
+  return absl::OkStatus();
+}
+
 Batch GatherInputs(const Examples& split, const std::vector<int64_t>& order, int64_t begin,
                    int64_t count) {
   Batch b;

@@ -123,6 +123,12 @@ absl::StatusOr<std::vector<v1::DataFile>> ManifestOfData(const v1::DataSpec& dat
 absl::Status CheckDataManifest(const v1::DataSpec& data,
                                const google::protobuf::RepeatedPtrField<v1::DataFile>& manifest);
 
+// OK when `now` (ManifestOfData on the coordinator at a run's start) is the
+// job's data as its first run read it (`first`); else INVALID_ARGUMENT
+// naming the field and the file that changed, and the fix.
+absl::Status CheckDataUnchanged(const std::vector<v1::DataFile>& now,
+                                const google::protobuf::RepeatedPtrField<v1::DataFile>& first);
+
 // Examples [begin, begin + count) of `split` by `order` (empty: in order),
 // side by side: inputs (floats, or token ids for text) of shape
 // {count, input_shape...}, or targets of shape {count, target_shape...}.

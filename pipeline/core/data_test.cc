@@ -623,6 +623,24 @@ TEST_F(DataTest, TheManifestNamesEachFileAndCatchesACopyThatDiffers) {
   ExpectInvalid(CheckDataManifest(d, want), {"data.path", "file not found"});
 }
 
+TEST_F(DataTest, ALaterRunRefusesDataThatChangedSinceTheFirst) {
+  std::vector<unsigned char> text(4000, 'a');
+  const std::string corpus = Write("corpus.txt", text);
+  v1::DataSpec d;
+  d.set_type("text");
+  d.set_path(corpus);
+  auto first = ManifestOfData(d);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const google::protobuf::RepeatedPtrField<v1::DataFile> kept(first->begin(), first->end());
+  EXPECT_TRUE(CheckDataUnchanged(*ManifestOfData(d), kept).ok());
+  text[7] = 'b';
+  Write("corpus.txt", text);
+  ExpectInvalid(CheckDataUnchanged(*ManifestOfData(d), kept),
+                {"data.path", corpus, "changed since the job started", "4000 bytes, SHA-256",
+                 "put back the files the job started with"});
+  ExpectInvalid(CheckDataUnchanged({}, kept), {"data: 0 files now, 1 when the job started"});
+}
+
 TEST_F(DataTest, GatherTakesExamplesByTheOrderSideBySide) {
   Examples e;
   e.count = 4;
